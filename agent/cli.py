@@ -1,0 +1,210 @@
+"""The `mcp-agent` command: run, probes, version.
+
+Settings: flag > MCP_AGENT_*/OTEL_* environment > config file (TOML) > default; every one is listed
+in packaging/config.example.toml. A bad setting exits 2 with one line and attaches nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+import click
+
+from . import __version__, config as config_mod
+
+EXIT_CONFIG = 2
+
+
+def _fail(msg: str, code: int = 1):
+    click.echo(f"mcp-agent: error: {msg}", err=True)
+    sys.exit(code)
+
+
+def _load(config_path, overrides) -> config_mod.Config:
+    from .probes import probe_names
+
+    try:
+        cfg = config_mod.load_config(config_path, overrides={k: v for k, v in overrides.items()})
+    except config_mod.ConfigError as e:
+        _fail(str(e), EXIT_CONFIG)
+    unknown = [n for n in cfg.probes_disable if n not in probe_names()]
+    if unknown:
+        _fail(f"config error: probes.disable names unknown probe {unknown[0]!r} "
+              f"(known: {', '.join(probe_names())})", EXIT_CONFIG)
+    logging.basicConfig(level=cfg.log_level.upper(), format="mcp-agent: %(levelname)s: %(message)s")
+    return cfg
+
+
+class _Progress:
+    """One self-overwriting line on a TTY; silence otherwise (logs stay clean under systemd)."""
+
+    def __init__(self, enabled: bool):
+        self.tty = enabled and sys.stderr.isatty()
+
+    def __call__(self, text: str) -> None:
+        if self.tty:
+            sys.stderr.write("\r\033[K" + text)
+            sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+config_option = click.option("--config", "config_path", type=click.Path(dir_okay=False),
+                             help="TOML config file (default /etc/mcp-hostagent/config.toml if present; env MCP_AGENT_CONFIG).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def main():
+    """eBPF host-level observability for GPU inference hosts.
+
+    Counts what the host does to each inference request (page faults, context switches, off-CPU time;
+    more probes as they land) in the kernel, and exports it as OpenTelemetry spans that join the
+    application's own traces, plus per-process and agent-health metrics.
+
+    \b
+    Start here:
+      sudo mcp-agent probes            what this host supports, and why not
+      sudo mcp-agent run               run; telemetry to a local OTLP-JSON lines file
+      sudo mcp-agent run --otlp-endpoint http://tempo:4317
+    """
+
+
+@main.command()
+@config_option
+@click.option("--otlp-endpoint", help="OTLP collector URL, e.g. http://127.0.0.1:4317 (gRPC) or http://127.0.0.1:4318 (HTTP). Env: OTEL_EXPORTER_OTLP_ENDPOINT.")
+@click.option("--otlp-protocol", type=click.Choice(["grpc", "http/protobuf"]), help="OTLP transport (default grpc). Env: OTEL_EXPORTER_OTLP_PROTOCOL.")
+@click.option("--jsonl", "jsonl_path", help="OTLP-JSON lines file; 'none' disables it. Default /var/lib/mcp-hostagent/telemetry.jsonl.")
+@click.option("--console/--no-console", default=None, help="Also print one line per span on stdout.")
+@click.option("--strict/--no-strict", default=None, help="Exit non-zero if any enabled probe is missing.")
+@click.option("--watch", type=click.Choice(["all", "gpu", "marked"]), help="Per-process counters for: all processes, GPU processes (default), or only those that mark requests.")
+@click.option("--pid", "pids", type=int, multiple=True, help="Also watch this pid (repeatable).")
+@click.option("--comm", "comms", multiple=True, help="Also watch processes with this name (repeatable).")
+@click.option("--disable-probe", "disable", multiple=True, help="Do not attach this probe (see `mcp-agent probes`).")
+@click.option("--kernel-headers", type=click.Path(file_okay=False), help="Kernel source tree for bcc (default: found automatically).")
+@click.option("--link-modules-build", is_flag=True, default=None, help="Allowed to symlink /lib/modules/$(uname -r)/build to the headers found.")
+@click.option("--status/--no-status", default=None, help="One-line live status on stderr (default on).")
+@click.option("--duration", type=click.FloatRange(min=0.1), help="Stop after this many seconds (default: until SIGINT/SIGTERM).")
+@click.option("--show-config", is_flag=True, help="Print the effective settings with their sources, then exit.")
+def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, strict, watch, pids, comms, disable,
+        kernel_headers, link_modules_build, status, duration, show_config):
+    """Attach the probes and export spans and metrics until stopped.
+
+    With no collector configured, telemetry goes to an OTLP-JSON lines file (one OTLP export request
+    per line, the collector's file-exporter format). Serving processes mark requests with
+    `from mcp_hostagent.marker import request` (or the ioctl wire format in docs/MARKER.md); their
+    request spans become children of the application's span named by the W3C traceparent.
+
+    SIGINT/SIGTERM: drain, detach every probe, flush exporters, exit 0 within 5 s.
+    """
+    overrides = {
+        "export.otlp_endpoint": otlp_endpoint, "export.otlp_protocol": otlp_protocol,
+        "export.jsonl_path": jsonl_path, "export.console": console, "probes.strict": strict,
+        "process.watch": watch, "process.pids": pids or None, "process.comms": comms or None,
+        "probes.disable": disable or None, "kernel.headers": kernel_headers,
+        "kernel.link_modules_build": link_modules_build, "status.enabled": status,
+    }
+    cfg = _load(config_path, overrides)
+    if show_config:
+        click.echo("\n".join(config_mod.describe(cfg)))
+        return
+    from .pipeline import Agent, StartError
+
+    progress = _Progress(cfg.status_enabled)
+    agent = Agent(cfg, progress=progress)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    echo = lambda s: click.echo(s, err=True)
+    echo(f"mcp-agent {__version__} on {os.uname().nodename}, kernel {os.uname().release}")
+    try:
+        rep = agent.start()
+    except StartError as e:
+        progress.clear()
+        _fail(str(e))
+    progress.clear()
+    for line in rep.tracefs:
+        echo(f"  tracefs:  {line}")
+    echo(f"  headers:  {rep.headers}")
+    c = rep.plan.counts()
+    echo(f"  bpf:      compiled in {rep.compile_s:.2f}s; probes {c['attached']} attached, "
+         f"{c['missing']} missing, {c['disabled']} disabled")
+    for s in rep.plan.missing():
+        echo(f"  missing:  {s.spec.name}: {s.reason}" + (f" (HINT: {s.hint})" if s.hint else ""))
+    for sink in rep.sinks:
+        echo(f"  export:   {sink}")
+    echo("  mark requests: python -c 'from mcp_hostagent.marker import request' (docs/MARKER.md); Ctrl-C stops")
+
+    live = progress.tty and cfg.status_enabled
+    last_plain = [0.0]
+
+    def on_tick(a):
+        if live:
+            progress(a.status_line())
+        elif cfg.status_enabled:
+            import time
+            if time.monotonic() - last_plain[0] >= 30:
+                last_plain[0] = time.monotonic()
+                echo("status: " + a.status_line())
+
+    try:
+        agent.run(stop, on_tick=on_tick, duration_s=duration)
+    finally:
+        progress.clear()
+        flushed = agent.stop(timeout_s=3.0)
+        echo("stopped: " + agent.status_line() + ("" if flushed else " | exporters did not flush within 3 s"))
+
+
+@main.command()
+@config_option
+@click.option("--dump", is_flag=True, help="Print the BPF source and compiler flags instead of loading them.")
+def probes(config_path, dump):
+    """Show each probe on this host: attached, missing (with reason and hint) or disabled.
+
+    Compiles and attaches every enabled probe for real, then detaches. Exits 0 even when some are
+    missing: this is the question, not the verdict (`run --strict` is the verdict).
+    """
+    cfg = _load(config_path, {})
+    from . import loader, probes as probes_mod
+    from .pipeline import StartError, bpf_settings, prepare_kernel
+
+    if dump:
+        plan = probes_mod.plan(cfg.probes_disable)
+        for program in sorted({s.program for s in probes_mod.PROBES}):
+            click.echo(f"// {loader.source_path(program)}\n// cflags: {' '.join(loader.cflags_for(plan, program, bpf_settings(cfg)))}")
+            with open(loader.source_path(program)) as f:
+                click.echo(f.read())
+        return
+    try:
+        hc, mounted = prepare_kernel(cfg)
+    except StartError as e:
+        _fail(str(e))
+    plan = probes_mod.plan(cfg.probes_disable)
+    progress = _Progress(True)
+    loaded = loader.load(plan, bpf_settings(cfg), progress)
+    progress.clear()
+    for x in loaded:
+        x.bpf.cleanup()
+    click.echo(f"kernel {os.uname().release}; headers: {hc.description}")
+    click.echo(f"compile: {sum(x.compile_s for x in loaded):.2f}s")
+    click.echo(probes_mod.render_table(plan))
+
+
+@main.command()
+def version():
+    """Print the version and exit."""
+    click.echo(f"mcp-agent (mcp-hostagent) {__version__}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Python mirror of bpf/mcp_records.h: constants read from the header itself, structs as ctypes.
+
+The header is the one place a record's layout is defined. Constants (#define and enum values) are
+parsed from it at import, so they cannot disagree; struct layouts are mirrored here and checked
+against the C compiler's own sizeof/offsetof by tests/test_layout.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from importlib import resources
+from types import MappingProxyType
+
+HEADER = "mcp_records.h"
+
+
+def bpf_source_dir() -> str:
+    """Directory holding the BPF C sources (package data of mcp_hostagent.bpf)."""
+    return str(resources.files("mcp_hostagent.bpf"))
+
+
+def _read_header() -> str:
+    return resources.files("mcp_hostagent.bpf").joinpath(HEADER).read_text()
+
+
+def parse_constants(text: str) -> dict[str, int]:
+    """`#define NAME <int>` lines and `enum { NAME = <int>, NEXT, ... }` members."""
+    out: dict[str, int] = {}
+    for m in re.finditer(r"^#define\s+(MCP_\w+)\s+(0x[0-9a-fA-F]+|\d+)U?\b", text, re.M):
+        out[m.group(1)] = int(m.group(2), 0)
+    for body in re.findall(r"enum\s+\w+\s*\{(.*?)\};", text, re.S):
+        value = -1
+        for item in re.sub(r"/\*.*?\*/", "", body, flags=re.S).split(","):
+            item = item.strip()
+            if not item:
+                continue
+            name, _, expr = item.partition("=")
+            value = int(expr.strip(), 0) if expr.strip() else value + 1
+            out[name.strip()] = value
+    return out
+
+
+C = MappingProxyType(parse_constants(_read_header()))
+
+u8, u16, u32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
+
+
+class Mark(ctypes.Structure):
+    _fields_ = [
+        ("magic", u32),
+        ("version", u16),
+        ("op", u16),
+        ("request_id", u64),
+        ("traceparent", ctypes.c_char * C["MCP_TRACEPARENT_LEN"]),
+    ]
+
+
+class Counters(ctypes.Structure):
+    _fields_ = [("faults", u64), ("vcsw", u64), ("ivcsw", u64), ("offcpu_ns", u64)]
+
+
+class ReqState(ctypes.Structure):
+    _fields_ = [("request_id", u64), ("begin_ns", u64), ("tgid", u32), ("flags", u32), ("c", Counters)]
+
+
+class TgidState(ctypes.Structure):
+    _fields_ = [("open", u32), ("window_begins", u32), ("window_start_ns", u64)]
+
+
+class Offcpu(ctypes.Structure):
+    _fields_ = [("ts_ns", u64), ("tgid", u32), ("pad", u32)]
+
+
+class Hdr(ctypes.Structure):
+    _fields_ = [
+        ("type", u16),
+        ("size", u16),
+        ("tgid", u32),
+        ("tid", u32),
+        ("cpu", u32),
+        ("ts_ns", u64),
+        ("cgroup_id", u64),
+        ("comm", ctypes.c_char * 16),
+    ]
+
+
+class EvReqBegin(ctypes.Structure):
+    _fields_ = [("h", Hdr), ("request_id", u64), ("traceparent", ctypes.c_char * C["MCP_TRACEPARENT_LEN"])]
+
+
+class EvReqEnd(ctypes.Structure):
+    _fields_ = [
+        ("h", Hdr),
+        ("request_id", u64),
+        ("begin_ns", u64),
+        ("reason", u32),
+        ("pad", u32),
+        ("c", Counters),
+    ]
+
+
+class EvProcExit(ctypes.Structure):
+    _fields_ = [("h", Hdr), ("c", Counters)]
+
+
+# C struct name -> ctypes mirror; tests/test_layout.py walks this table.
+STRUCTS = {
+    "mcp_mark": Mark,
+    "mcp_counters": Counters,
+    "mcp_req_state": ReqState,
+    "mcp_tgid_state": TgidState,
+    "mcp_offcpu": Offcpu,
+    "mcp_hdr": Hdr,
+    "mcp_ev_req_begin": EvReqBegin,
+    "mcp_ev_req_end": EvReqEnd,
+    "mcp_ev_proc_exit": EvProcExit,
+}
+
+EVENT_TYPES = {
+    C["MCP_EV_REQ_BEGIN"]: EvReqBegin,
+    C["MCP_EV_REQ_END"]: EvReqEnd,
+    C["MCP_EV_PROC_EXIT"]: EvProcExit,
+}
+
+END_REASONS = {
+    C["MCP_END_MARKED"]: "marked",
+    C["MCP_END_SUPERSEDED"]: "superseded",
+    C["MCP_END_THREAD_EXIT"]: "thread_exit",
+    C["MCP_END_ID_MISMATCH"]: "id_mismatch",
+}
+
+# enum mcp_stat index -> metric label; the order is the header's.
+KERNEL_STATS = {
+    value: name[len("MCP_STAT_"):].lower()
+    for name, value in C.items()
+    if name.startswith("MCP_STAT_") and name != "MCP_STAT_MAX"
+}

@@ -1,0 +1,27 @@
+"""W3C Trace Context `traceparent` parsing (https://www.w3.org/TR/trace-context/#traceparent-header). Pure."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_TP = re.compile(rb"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+@dataclass(frozen=True)
+class TraceParent:
+    trace_id: int
+    span_id: int
+    flags: int
+
+
+def parse(raw: bytes) -> TraceParent | None:
+    """Valid version-00 (or later, forward-compatible) traceparent -> ids; anything else -> None."""
+    m = _TP.match(raw)
+    if not m:
+        return None
+    version, trace_id, span_id, flags = m.groups()
+    # version ff is forbidden; all-zero trace or parent id is invalid by the spec.
+    if version == b"ff" or int(trace_id, 16) == 0 or int(span_id, 16) == 0:
+        return None
+    return TraceParent(int(trace_id, 16), int(span_id, 16), int(flags, 16))

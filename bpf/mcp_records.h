@@ -1,0 +1,122 @@
+/* Records shared by the BPF programs and user space: the one place their layout is defined.
+ *
+ * agent/records.py mirrors every struct here with ctypes; tests/test_layout.py compiles this header
+ * with the host C compiler and checks sizes and offsets against the mirror, so the two cannot drift.
+ * Only fixed-width __u* types and explicit padding: the same bytes on both sides of the ring buffer.
+ */
+#ifndef MCP_RECORDS_H
+#define MCP_RECORDS_H
+
+#include <linux/types.h>
+
+/* ---- the request marker: the wire format a serving process uses (docs/MARKER.md) ----
+ * ioctl(-1, MCP_MARK_CMD, &struct mcp_mark): the kernel fails it with EBADF before any driver sees
+ * it, and syscalls:sys_enter_ioctl has already run, so the BPF side reads the struct from the caller's
+ * memory. The kernel supplies the thread id: a process can only mark its own threads. */
+#define MCP_MARK_MAGIC 0x4150434dU /* "MCPA" little-endian */
+#define MCP_MARK_VERSION 1
+#define MCP_MARK_CMD 0x4048eb01U   /* _IOW(0xeb, 0x01, struct mcp_mark): type 0xeb is unassigned in ioctl-number.rst */
+#define MCP_OP_BEGIN 1
+#define MCP_OP_END 2
+#define MCP_TRACEPARENT_LEN 56     /* W3C traceparent, 55 chars + NUL */
+
+struct mcp_mark {
+	__u32 magic;
+	__u16 version;
+	__u16 op;
+	__u64 request_id;
+	char traceparent[MCP_TRACEPARENT_LEN];
+};
+
+/* ---- counters accumulated in the kernel, per request and per process ---- */
+struct mcp_counters {
+	__u64 faults;    /* exceptions:page_fault_user */
+	__u64 vcsw;      /* sched:sched_switch, task blocked (prev_state not running, not preempted) */
+	__u64 ivcsw;     /* sched:sched_switch, task preempted or yielded while runnable */
+	__u64 offcpu_ns; /* switched out -> switched back in */
+};
+
+/* per-thread state of an open request (map req_by_tid) */
+struct mcp_req_state {
+	__u64 request_id;
+	__u64 begin_ns;
+	__u32 tgid;
+	__u32 flags;
+	struct mcp_counters c;
+};
+
+/* per-process state for bounding markers (map tgid_state) */
+struct mcp_tgid_state {
+	__u32 open;            /* threads of this process with an open request */
+	__u32 window_begins;   /* begins seen in the current one-second window */
+	__u64 window_start_ns;
+};
+
+/* off-CPU interval start of a traced thread (map offcpu_start) */
+struct mcp_offcpu {
+	__u64 ts_ns;
+	__u32 tgid;
+	__u32 pad;
+};
+
+/* ---- ring buffer records: every record starts with the common header ---- */
+enum mcp_event_type {
+	MCP_EV_REQ_BEGIN = 1,
+	MCP_EV_REQ_END = 2,
+	MCP_EV_PROC_EXIT = 3,
+};
+
+enum mcp_end_reason {
+	MCP_END_MARKED = 0,     /* the thread marked the end */
+	MCP_END_SUPERSEDED = 1, /* a new begin on the same thread before an end */
+	MCP_END_THREAD_EXIT = 2,/* the thread exited inside the request */
+	MCP_END_ID_MISMATCH = 3,/* end carried another request id than the open one */
+};
+
+struct mcp_hdr {
+	__u16 type;      /* enum mcp_event_type */
+	__u16 size;      /* sizeof the whole record */
+	__u32 tgid;
+	__u32 tid;
+	__u32 cpu;
+	__u64 ts_ns;     /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+	__u64 cgroup_id; /* bpf_get_current_cgroup_id(): inode of the task's cgroup v2 directory */
+	char comm[16];
+};
+
+struct mcp_ev_req_begin {
+	struct mcp_hdr h;
+	__u64 request_id;
+	char traceparent[MCP_TRACEPARENT_LEN];
+};
+
+struct mcp_ev_req_end {
+	struct mcp_hdr h;
+	__u64 request_id;
+	__u64 begin_ns;
+	__u32 reason;    /* enum mcp_end_reason */
+	__u32 pad;
+	struct mcp_counters c;
+};
+
+struct mcp_ev_proc_exit {
+	struct mcp_hdr h;
+	struct mcp_counters c; /* the process's final per-process counters */
+};
+
+/* ---- per-CPU health counters (map stats), exported as agent metrics ---- */
+enum mcp_stat {
+	MCP_STAT_RB_LOST = 0,      /* ring buffer full: record not sent */
+	MCP_STAT_MARK_FAULT,       /* marker argument unreadable */
+	MCP_STAT_MARK_BAD,         /* bad magic, version or op */
+	MCP_STAT_BEGIN_CAP,        /* begin refused: process at its open-request cap */
+	MCP_STAT_BEGIN_RATE,       /* begin refused: process over its begin rate */
+	MCP_STAT_BEGIN_MAP_FULL,   /* begin refused: request map full */
+	MCP_STAT_BEGIN_SUPERSEDED, /* begin on a thread with an open request */
+	MCP_STAT_END_NO_BEGIN,     /* end on a thread with no open request */
+	MCP_STAT_END_MISMATCH,     /* end with another request id */
+	MCP_STAT_PROC_MAP_FULL,    /* per-process counters map full */
+	MCP_STAT_MAX,
+};
+
+#endif

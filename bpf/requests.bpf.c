@@ -1,0 +1,321 @@
+/* Request windows and their first counters, kept in the kernel.
+ *
+ * Hooks: syscalls:sys_enter_ioctl (request marker on fd -1), exceptions:page_fault_user,
+ * sched:sched_switch, sched:sched_process_exit. Reads only tracepoint fields and BPF helpers,
+ * never kernel struct offsets, so near-miss kernel headers are safe.
+ *
+ * High-rate hooks (faults, switches) only add to map entries; the ring buffer carries request
+ * begin/end and process exit, which are rare by comparison.
+ *
+ * Settings arrive as -D cflags from agent/loader.py: MCP_MAX_OPEN_PER_PID, MCP_MAX_BEGINS_PER_S,
+ * MCP_WATCH_ALL, MCP_RINGBUF_PAGES, MCP_MAX_THREADS, MCP_MAX_PROCS, and MCP_PROBE_<NAME>=1 for each
+ * probe whose tracepoint this kernel has (bcc needs the tracepoint's format to compile its probe).
+ */
+#include "mcp_records.h"
+
+#ifndef MCP_MAX_OPEN_PER_PID
+#define MCP_MAX_OPEN_PER_PID 1024
+#endif
+#ifndef MCP_MAX_BEGINS_PER_S
+#define MCP_MAX_BEGINS_PER_S 20000
+#endif
+#ifndef MCP_WATCH_ALL
+#define MCP_WATCH_ALL 0
+#endif
+#ifndef MCP_RINGBUF_PAGES
+#define MCP_RINGBUF_PAGES 256
+#endif
+#ifndef MCP_MAX_THREADS
+#define MCP_MAX_THREADS 16384
+#endif
+#ifndef MCP_MAX_PROCS
+#define MCP_MAX_PROCS 4096
+#endif
+
+/* sched_switch's prev_state is TASK_REPORT_MAX (0x100 since v4.14) when the task was preempted:
+ * include/trace/events/sched.h __trace_sched_switch_state(). 0 means it yielded while runnable.
+ * Either way the kernel counts nivcsw; any other state is a voluntary switch (nvcsw). */
+#define MCP_TASK_REPORT_MAX 0x100
+
+BPF_RINGBUF_OUTPUT(events, MCP_RINGBUF_PAGES);
+BPF_HASH(req_by_tid, u32, struct mcp_req_state, MCP_MAX_THREADS);
+BPF_HASH(tgid_state, u32, struct mcp_tgid_state, MCP_MAX_PROCS);
+BPF_HASH(proc_stats, u32, struct mcp_counters, MCP_MAX_PROCS);
+BPF_HASH(watch_tgid, u32, u8, MCP_MAX_PROCS);
+BPF_TABLE("lru_hash", u32, struct mcp_offcpu, offcpu_start, MCP_MAX_THREADS);
+BPF_PERCPU_ARRAY(stats, u64, MCP_STAT_MAX);
+
+static __always_inline void stat_inc(u32 idx)
+{
+	u64 *v = stats.lookup(&idx);
+	if (v)
+		(*v)++;
+}
+
+static __always_inline void fill_hdr(struct mcp_hdr *h, u16 type, u16 size, u64 pid_tgid, u64 now)
+{
+	h->type = type;
+	h->size = size;
+	h->tgid = pid_tgid >> 32;
+	h->tid = (u32)pid_tgid;
+	h->cpu = bpf_get_smp_processor_id();
+	h->ts_ns = now;
+	h->cgroup_id = bpf_get_current_cgroup_id();
+	bpf_get_current_comm(&h->comm, sizeof(h->comm));
+}
+
+static __always_inline int watched(u32 tgid)
+{
+	if (MCP_WATCH_ALL)
+		return 1;
+	return watch_tgid.lookup(&tgid) != 0;
+}
+
+static __always_inline struct mcp_counters *proc_counters(u32 tgid)
+{
+	struct mcp_counters zero = {};
+	struct mcp_counters *c = proc_stats.lookup(&tgid);
+	if (c)
+		return c;
+	if (proc_stats.update(&tgid, &zero) != 0) {
+		stat_inc(MCP_STAT_PROC_MAP_FULL);
+		return 0;
+	}
+	return proc_stats.lookup(&tgid);
+}
+
+static __always_inline void emit_end(u64 pid_tgid, u64 now, struct mcp_req_state *st, u32 reason)
+{
+	struct mcp_ev_req_end *e = events.ringbuf_reserve(sizeof(*e));
+	if (!e) {
+		stat_inc(MCP_STAT_RB_LOST);
+		return;
+	}
+	fill_hdr(&e->h, MCP_EV_REQ_END, sizeof(*e), pid_tgid, now);
+	e->request_id = st->request_id;
+	e->begin_ns = st->begin_ns;
+	e->reason = reason;
+	e->pad = 0;
+	e->c = st->c;
+	events.ringbuf_submit(e, 0);
+}
+
+static __always_inline void close_request(u32 tid, u32 tgid)
+{
+	req_by_tid.delete(&tid);
+	struct mcp_tgid_state *ts = tgid_state.lookup(&tgid);
+	if (ts && ts->open > 0)
+		__sync_fetch_and_add(&ts->open, -1);
+}
+
+static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
+{
+	u32 tid = (u32)pid_tgid, tgid = pid_tgid >> 32;
+	struct mcp_req_state *old = req_by_tid.lookup(&tid);
+	struct mcp_tgid_state zero_ts = {};
+	struct mcp_tgid_state *ts;
+
+	tgid_state.insert(&tgid, &zero_ts);
+	ts = tgid_state.lookup(&tgid);
+	if (!ts) {
+		stat_inc(MCP_STAT_BEGIN_MAP_FULL);
+		return 0;
+	}
+	/* One-second windows per process: a flood from one process cannot fill the ring buffer
+	 * for everyone. Races between its threads only blur the count by a few. */
+	if (now - ts->window_start_ns > 1000000000ULL) {
+		ts->window_start_ns = now;
+		ts->window_begins = 0;
+	}
+	if (ts->window_begins >= MCP_MAX_BEGINS_PER_S) {
+		stat_inc(MCP_STAT_BEGIN_RATE);
+		return 0;
+	}
+	ts->window_begins++;
+
+	if (old) {
+		stat_inc(MCP_STAT_BEGIN_SUPERSEDED);
+		emit_end(pid_tgid, now, old, MCP_END_SUPERSEDED);
+	} else {
+		if (ts->open >= MCP_MAX_OPEN_PER_PID) {
+			stat_inc(MCP_STAT_BEGIN_CAP);
+			return 0;
+		}
+	}
+
+	struct mcp_req_state st = {};
+	st.request_id = m->request_id;
+	st.begin_ns = now;
+	st.tgid = tgid;
+	if (req_by_tid.update(&tid, &st) != 0) {
+		stat_inc(MCP_STAT_BEGIN_MAP_FULL);
+		if (old)
+			close_request(tid, tgid);
+		return 0;
+	}
+	if (!old)
+		__sync_fetch_and_add(&ts->open, 1);
+
+	u8 one = 1;
+	watch_tgid.update(&tgid, &one);
+
+	struct mcp_ev_req_begin *e = events.ringbuf_reserve(sizeof(*e));
+	if (!e) {
+		stat_inc(MCP_STAT_RB_LOST);
+		return 0;
+	}
+	fill_hdr(&e->h, MCP_EV_REQ_BEGIN, sizeof(*e), pid_tgid, now);
+	e->request_id = m->request_id;
+	__builtin_memcpy(e->traceparent, m->traceparent, MCP_TRACEPARENT_LEN);
+	events.ringbuf_submit(e, 0);
+	return 0;
+}
+
+static __always_inline int mark_end(struct mcp_mark *m, u64 pid_tgid, u64 now)
+{
+	u32 tid = (u32)pid_tgid, tgid = pid_tgid >> 32;
+	struct mcp_req_state *st = req_by_tid.lookup(&tid);
+	u32 reason = MCP_END_MARKED;
+
+	if (!st) {
+		stat_inc(MCP_STAT_END_NO_BEGIN);
+		return 0;
+	}
+	if (m->request_id != 0 && m->request_id != st->request_id) {
+		stat_inc(MCP_STAT_END_MISMATCH);
+		reason = MCP_END_ID_MISMATCH;
+	}
+	emit_end(pid_tgid, now, st, reason);
+	close_request(tid, tgid);
+	return 0;
+}
+
+#if MCP_PROBE_MARKER
+TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
+{
+	/* Every ioctl on the host passes here: two compares reject all but the marker. */
+	if ((u32)args->fd != 0xffffffffU || (u32)args->cmd != MCP_MARK_CMD)
+		return 0;
+
+	struct mcp_mark m = {};
+	if (bpf_probe_read_user(&m, sizeof(m), (void *)args->arg) != 0) {
+		stat_inc(MCP_STAT_MARK_FAULT);
+		return 0;
+	}
+	if (m.magic != MCP_MARK_MAGIC || m.version != MCP_MARK_VERSION) {
+		stat_inc(MCP_STAT_MARK_BAD);
+		return 0;
+	}
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	u64 now = bpf_ktime_get_ns();
+	if (m.op == MCP_OP_BEGIN)
+		return mark_begin(&m, pid_tgid, now);
+	if (m.op == MCP_OP_END)
+		return mark_end(&m, pid_tgid, now);
+	stat_inc(MCP_STAT_MARK_BAD);
+	return 0;
+}
+#endif /* MCP_PROBE_MARKER */
+
+#if MCP_PROBE_PAGE_FAULTS
+TRACEPOINT_PROBE(exceptions, page_fault_user)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	u32 tid = (u32)pid_tgid, tgid = pid_tgid >> 32;
+	struct mcp_req_state *st = req_by_tid.lookup(&tid);
+	if (st)
+		st->c.faults++; /* only this thread writes its own fault count */
+	if (watched(tgid)) {
+		struct mcp_counters *c = proc_counters(tgid);
+		if (c)
+			__sync_fetch_and_add(&c->faults, 1);
+	}
+	return 0;
+}
+#endif /* MCP_PROBE_PAGE_FAULTS */
+
+#if MCP_PROBE_SCHED_SWITCH
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+	u64 now = bpf_ktime_get_ns();
+	/* At this tracepoint current is still prev: its tgid comes from the helper. */
+	u32 prev_tgid = bpf_get_current_pid_tgid() >> 32;
+	u32 prev = args->prev_pid, next = args->next_pid;
+	long state = args->prev_state;
+	int voluntary = state != 0 && !(state & MCP_TASK_REPORT_MAX);
+
+	if (prev != 0) {
+		struct mcp_req_state *st = req_by_tid.lookup(&prev);
+		int w = watched(prev_tgid);
+		if (st) {
+			if (voluntary)
+				st->c.vcsw++;
+			else
+				st->c.ivcsw++;
+		}
+		if (w) {
+			struct mcp_counters *c = proc_counters(prev_tgid);
+			if (c) {
+				if (voluntary)
+					__sync_fetch_and_add(&c->vcsw, 1);
+				else
+					__sync_fetch_and_add(&c->ivcsw, 1);
+			}
+		}
+		if (st || w) {
+			struct mcp_offcpu o = {.ts_ns = now, .tgid = prev_tgid};
+			offcpu_start.update(&prev, &o);
+		}
+	}
+	if (next != 0) {
+		struct mcp_offcpu *o = offcpu_start.lookup(&next);
+		if (o) {
+			u64 d = now - o->ts_ns;
+			u32 tgid = o->tgid;
+			offcpu_start.delete(&next);
+			struct mcp_req_state *st = req_by_tid.lookup(&next);
+			if (st)
+				st->c.offcpu_ns += d;
+			struct mcp_counters *c = proc_stats.lookup(&tgid);
+			if (c)
+				__sync_fetch_and_add(&c->offcpu_ns, d);
+		}
+	}
+	return 0;
+}
+#endif /* MCP_PROBE_SCHED_SWITCH */
+
+#if MCP_PROBE_PROCESS_EXIT
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	u32 tid = (u32)pid_tgid, tgid = pid_tgid >> 32;
+	u64 now = bpf_ktime_get_ns();
+
+	struct mcp_req_state *st = req_by_tid.lookup(&tid);
+	if (st) {
+		emit_end(pid_tgid, now, st, MCP_END_THREAD_EXIT);
+		close_request(tid, tgid);
+	}
+	offcpu_start.delete(&tid);
+	if (tid != tgid)
+		return 0;
+
+	/* The group leader exits last in exit_group(); its exit closes the process's entries. */
+	struct mcp_counters *c = proc_stats.lookup(&tgid);
+	if (c) {
+		struct mcp_ev_proc_exit *e = events.ringbuf_reserve(sizeof(*e));
+		if (e) {
+			fill_hdr(&e->h, MCP_EV_PROC_EXIT, sizeof(*e), pid_tgid, now);
+			e->c = *c;
+			events.ringbuf_submit(e, 0);
+		} else {
+			stat_inc(MCP_STAT_RB_LOST);
+		}
+		proc_stats.delete(&tgid);
+	}
+	watch_tgid.delete(&tgid);
+	tgid_state.delete(&tgid);
+	return 0;
+}
+#endif /* MCP_PROBE_PROCESS_EXIT */
