@@ -107,7 +107,7 @@ class Agent:
         self.telemetry = Telemetry(service_name=cfg.service_name, exporters=exporters, timebase=self.timebase,
                                    health=self.health, max_queue_size=cfg.export_max_queue_size,
                                    metric_interval_s=cfg.export_metric_interval_s)
-        self.bpf["events"].open_ring_buffer(self._on_event)
+        self.bpf[b"events"].open_ring_buffer(self._on_event)
         self.tick()
         return StartReport(hc.description, mounted, self.health.compile_s, self.plan, exporters.describe())
 
@@ -155,7 +155,7 @@ class Agent:
             self._next_watch = now + WATCH_SCAN_S
         if now >= self._next_expiry:
             self._expire()
-            self._next_expiry = now + EXPIRY_SCAN_S
+            self._next_expiry = now + min(EXPIRY_SCAN_S, self.cfg.requests_idle_expiry_s / 2)
         self._read_maps()
 
     # ---- ring buffer ----
@@ -199,13 +199,13 @@ class Agent:
         if b is None:
             return
         totals = {}
-        for k, v in b["stats"].items():
+        for k, v in b[b"stats"].items():
             label = KERNEL_STATS.get(k.value)
             if label:
                 totals[label] = sum(v)
         self.health.kernel_stats = totals
         rows = {}
-        for k, v in b["proc_stats"].items():
+        for k, v in b[b"proc_stats"].items():
             rows[k.value] = (self._proc_attrs(k.value), counters_from(v))
         now = time.monotonic()
         for pid, (until, attrs, c) in list(self._exited.items()):
@@ -221,7 +221,7 @@ class Agent:
         if cfg.process_watch == "all" or self.bpf is None:
             return
         want = discovery.watch_set(self.proc_root, cfg.process_pids, cfg.process_comms, gpu=cfg.process_watch == "gpu")
-        table = self.bpf["watch_tgid"]
+        table = self.bpf[b"watch_tgid"]
         for pid in want:
             table[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
 
@@ -231,7 +231,7 @@ class Agent:
             return
         idle_ns = int(self.cfg.requests_idle_expiry_s * 1e9)
         now_ns = time.monotonic_ns()
-        reqs, tgids = b["req_by_tid"], b["tgid_state"]
+        reqs, tgids = b[b"req_by_tid"], b[b"tgid_state"]
         live = set()
         for k, st in list(reqs.items()):
             key = (st.tgid, k.value)

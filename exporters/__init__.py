@@ -1,0 +1,106 @@
+"""Where the agent's spans and metrics go: JSONL file, OTLP (gRPC or HTTP/protobuf), console.
+
+Data flow: the pipeline turns BPF events into SDK spans and metric observations; the SDK's batch span
+processor and periodic metric reader hand finished telemetry to the exporters built here. Exporters
+only read what they are given: they never call back into the pipeline or the probes, and a failing
+sink returns FAILURE (counted in `ExportStats`) instead of raising into the SDK worker.
+
+    spans   -> CountingBatchSpanProcessor -> CountingSpanExporter -> MultiSpanExporter -> jsonl | otlp | console
+    metrics -> PeriodicExportingMetricReader (one per sink) -> CountingMetricExporter -> jsonl | otlp
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import IO
+
+from .console import ConsoleSpanExporter
+from .counting import (
+    CountingBatchSpanProcessor,
+    CountingMetricExporter,
+    CountingSpanExporter,
+    ExportStats,
+    MultiSpanExporter,
+)
+from .jsonl import JsonlMetricExporter, JsonlSpanExporter, JsonlWriter
+from .otlp import otlp_metric_exporter, otlp_span_exporter
+
+__all__ = [
+    "ConsoleSpanExporter",
+    "CountingBatchSpanProcessor",
+    "CountingMetricExporter",
+    "CountingSpanExporter",
+    "ExportStats",
+    "Exporters",
+    "JsonlMetricExporter",
+    "JsonlSpanExporter",
+    "JsonlWriter",
+    "MultiSpanExporter",
+    "build_exporters",
+    "otlp_metric_exporter",
+    "otlp_span_exporter",
+]
+
+
+@dataclass
+class Exporters:
+    span_exporter: CountingSpanExporter
+    metric_exporters: list[CountingMetricExporter]
+    stats: ExportStats
+    sinks: list[str] = field(default_factory=list)
+
+    def describe(self) -> list[str]:
+        """One human line per sink, e.g. `jsonl: /var/lib/mcp-agent/telemetry.jsonl`."""
+        return list(self.sinks) or ["none: telemetry is collected but not exported"]
+
+
+def _env(*names: str) -> str | None:
+    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+
+
+def build_exporters(
+    jsonl_path: str | None,
+    otlp_endpoint: str | None,
+    otlp_protocol: str | None = None,
+    console_stream: IO[str] | None = None,
+    stats: ExportStats | None = None,
+    *,
+    otlp_timeout_s: float | None = None,
+) -> Exporters:
+    """Build the counting, fanned-out span exporter and one counting metric exporter per sink.
+
+    OTLP is on when `otlp_endpoint` is given or OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]ENDPOINT is set
+    (then the SDK reads it). Protocol: `otlp_protocol` > OTEL_EXPORTER_OTLP_PROTOCOL > "grpc".
+    """
+    stats = ExportStats() if stats is None else stats
+    spans, metrics, sinks = [], [], []
+    if jsonl_path:
+        writer = JsonlWriter(jsonl_path)
+        spans.append(JsonlSpanExporter(writer))
+        metrics.append(JsonlMetricExporter(writer))
+        sinks.append(f"jsonl: {writer.path}")
+
+    protocol = otlp_protocol or _env("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+    if otlp_endpoint:
+        spans.append(otlp_span_exporter(otlp_endpoint, protocol, otlp_timeout_s))
+        metrics.append(otlp_metric_exporter(otlp_endpoint, protocol, otlp_timeout_s))
+        sinks.append(f"otlp {protocol}: {otlp_endpoint}")
+    else:  # endpoint=None: the SDK reads it from env; a signal without one stays off
+        if env := _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+            spans.append(otlp_span_exporter(None, protocol, otlp_timeout_s))
+            sinks.append(f"otlp {protocol} traces: {env} (from env)")
+        if env := _env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+            metrics.append(otlp_metric_exporter(None, protocol, otlp_timeout_s))
+            sinks.append(f"otlp {protocol} metrics: {env} (from env)")
+
+    if console_stream is not None:
+        spans.append(ConsoleSpanExporter(console_stream))
+        sinks.append(f"console: {getattr(console_stream, 'name', type(console_stream).__name__)} (spans)")
+
+    return Exporters(
+        span_exporter=CountingSpanExporter(MultiSpanExporter(spans), stats),
+        metric_exporters=[CountingMetricExporter(m, stats) for m in metrics],
+        stats=stats,
+        sinks=sinks,
+    )

@@ -1,0 +1,69 @@
+"""A serving-process stand-in driven step by step over stdin/stdout, so the parent can read this
+process's /proc counters while it is blocked between steps (no faults or switches of its own then).
+
+Commands, one per line: `begin RID TRACEPARENT`, `end RID`, `touch N` (N first-touch page faults),
+`sleep K MS` (K voluntary switches), `spin MS` (busy loop), `thread_exit RID` (a thread begins a
+request and exits inside it), `raw MAGIC VERSION OP` (a hand-made marker), `badptr`, `exit`.
+Each command answers `ok` when done."""
+
+import ctypes
+import mmap
+import sys
+import threading
+import time
+
+from mcp_hostagent import marker
+from mcp_hostagent.records import C, Mark
+
+PAGE = mmap.PAGESIZE
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+keep = []
+
+
+def touch(n: int) -> None:
+    buf = mmap.mmap(-1, n * PAGE)
+    buf.madvise(mmap.MADV_NOHUGEPAGE)  # one fault per 4 KiB page, not one per 2 MiB
+    for i in range(n):
+        buf[i * PAGE] = 1
+    keep.append(buf)
+
+
+def main() -> None:
+    # warm every code path used between handshakes so they fault nothing later
+    touch(1)
+    marker.end(0)
+    time.sleep(0)
+    out = sys.stdout
+    for line in sys.stdin:
+        cmd, *args = line.split()
+        if cmd == "begin":
+            marker.begin(int(args[0]), args[1] if len(args) > 1 else None)
+        elif cmd == "end":
+            marker.end(int(args[0]))
+        elif cmd == "touch":
+            touch(int(args[0]))
+        elif cmd == "sleep":
+            for _ in range(int(args[0])):
+                time.sleep(int(args[1]) / 1000)
+        elif cmd == "spin":
+            t = time.monotonic() + int(args[0]) / 1000
+            while time.monotonic() < t:
+                pass
+        elif cmd == "thread_exit":
+            t = threading.Thread(target=marker.begin, args=(int(args[0]), None))
+            t.start()
+            t.join()
+        elif cmd == "raw":
+            m = Mark(int(args[0], 0), int(args[1]), int(args[2]), 7, b"")
+            libc.ioctl(-1, C["MCP_MARK_CMD"], ctypes.addressof(m))
+        elif cmd == "badptr":
+            libc.ioctl(-1, C["MCP_MARK_CMD"], 0x10)
+        elif cmd == "exit":
+            return
+        out.write("ok\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()
