@@ -224,3 +224,17 @@ def test_idle_requests_expire(make_agent):
     t.join()
     assert spans and spans[0].attributes["mcp.request.end_reason"] == "expired"
     assert spans[0].status.status_code == StatusCode.ERROR
+
+
+def test_marker_from_c(agent, tmp_path):
+    """The wire format needs no Python: a C program using only bpf/mcp_records.h marks a request."""
+    from mcp_hostagent.records import bpf_source_dir
+
+    src = os.path.join(os.path.dirname(__file__), "c", "mark_request.c")
+    exe = tmp_path / "mark_request"
+    subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{bpf_source_dir()}", "-o", str(exe), src], check=True)
+    out = subprocess.run([str(exe), "0x1234", TP, "500"], check=True, capture_output=True, text=True).stdout
+    (span,) = agent.wait_spans(1, **{"process.pid": int(out), "mcp.request.id": f"{0x1234:016x}"})
+    assert span.context.trace_id == int(TP.split("-")[1], 16)
+    assert 500 <= span.attributes["mcp.faults.user"] <= 510  # 500 first touches, plus libc's own
+    assert span.attributes["process.executable.name"] == "mark_request"

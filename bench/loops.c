@@ -1,0 +1,236 @@
+/* Native loops for the benchmarks: compiled at run time by bench/_common.py with
+ *   gcc -O2 -I bpf bench/loops.c -o loops
+ * so that the marker struct and command come from the one header the BPF side uses.
+ *
+ *   loops marker   BATCH NBATCH PAUSE_US   ns per begin+end pair, one number per batch
+ *   loops getppid  BATCH NBATCH            ns per getppid() (the syscall floor), per batch
+ *   loops ioctl    BATCH NBATCH            ns per ioctl(pipe, FIONREAD): an ioctl that is not a marker
+ *   loops flood    SECONDS                 back-to-back pairs: "pairs ns_per_pair"
+ *   loops faults   SECONDS MIB MARK        mmap/touch/munmap storm: "pages seconds minflt"
+ *   loops pingpong SECONDS MARK CPU        two processes through pipes: "roundtrips seconds switches"
+ *
+ * MARK=1 wraps the work in a marked request (begin before, end after) on every thread that does it.
+ * CPU>=0 pins both ping-pong processes to that CPU; -1 leaves them to the scheduler.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mcp_records.h"
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no syscall, no trap */
+	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+static void mark(uint16_t op, uint64_t id)
+{
+	struct mcp_mark m;
+	memset(&m, 0, sizeof(m));
+	m.magic = MCP_MARK_MAGIC;
+	m.version = MCP_MARK_VERSION;
+	m.op = op;
+	m.request_id = id;
+	/* fails with EBADF; the agent's sys_enter_ioctl program has read m by then */
+	ioctl(-1, MCP_MARK_CMD, &m);
+}
+
+static uint64_t req_id(void)
+{
+	return ((uint64_t)getpid() << 32 | (uint64_t)now_ns()) | 1;
+}
+
+static int cmd_marker(long batch, long nbatch, long pause_us)
+{
+	uint64_t id = req_id();
+	struct timespec pause = {pause_us / 1000000, (pause_us % 1000000) * 1000};
+	for (long b = 0; b < nbatch; b++) {
+		uint64_t t0 = now_ns();
+		for (long i = 0; i < batch; i++) {
+			mark(MCP_OP_BEGIN, id + 2 * i);
+			mark(MCP_OP_END, id + 2 * i);
+		}
+		uint64_t t1 = now_ns();
+		printf("%s%.1f", b ? " " : "", (double)(t1 - t0) / batch);
+		id += 2 * batch;
+		if (pause_us > 0)
+			nanosleep(&pause, NULL);
+	}
+	printf("\n");
+	return 0;
+}
+
+static int cmd_getppid(long batch, long nbatch)
+{
+	for (long b = 0; b < nbatch; b++) {
+		uint64_t t0 = now_ns();
+		for (long i = 0; i < batch; i++)
+			syscall(SYS_getppid); /* not cached by libc */
+		uint64_t t1 = now_ns();
+		printf("%s%.1f", b ? " " : "", (double)(t1 - t0) / batch);
+	}
+	printf("\n");
+	return 0;
+}
+
+static int cmd_ioctl(long batch, long nbatch)
+{
+	int p[2], n;
+	if (pipe(p) != 0)
+		return perror("pipe"), 1;
+	for (long b = 0; b < nbatch; b++) {
+		uint64_t t0 = now_ns();
+		for (long i = 0; i < batch; i++)
+			ioctl(p[0], FIONREAD, &n);
+		uint64_t t1 = now_ns();
+		printf("%s%.1f", b ? " " : "", (double)(t1 - t0) / batch);
+	}
+	printf("\n");
+	return 0;
+}
+
+static int cmd_flood(double seconds)
+{
+	uint64_t id = req_id(), t0 = now_ns(), end = t0 + (uint64_t)(seconds * 1e9), t1;
+	long pairs = 0;
+	do {
+		for (int i = 0; i < 256; i++, pairs++) {
+			mark(MCP_OP_BEGIN, id + 2 * pairs);
+			mark(MCP_OP_END, id + 2 * pairs);
+		}
+		t1 = now_ns();
+	} while (t1 < end);
+	printf("%ld %.1f\n", pairs, (double)(t1 - t0) / pairs);
+	return 0;
+}
+
+static long minflt(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_minflt;
+}
+
+static int cmd_faults(double seconds, long mib, int marked)
+{
+	size_t len = (size_t)mib << 20, page = sysconf(_SC_PAGESIZE);
+	uint64_t id = req_id();
+	long pages = 0, f0;
+	uint64_t t0, t1, end;
+
+	if (marked)
+		mark(MCP_OP_BEGIN, id);
+	f0 = minflt();
+	t0 = now_ns();
+	end = t0 + (uint64_t)(seconds * 1e9);
+	do {
+		char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (p == MAP_FAILED)
+			return perror("mmap"), 1;
+		/* 4 KiB pages, one first-touch fault each: no transparent huge page may back the region */
+		madvise(p, len, MADV_NOHUGEPAGE);
+		for (size_t off = 0; off < len; off += page)
+			p[off] = 1;
+		pages += len / page;
+		munmap(p, len);
+		t1 = now_ns();
+	} while (t1 < end);
+	f0 = minflt() - f0;
+	if (marked)
+		mark(MCP_OP_END, id);
+	printf("%ld %.6f %ld\n", pages, (t1 - t0) / 1e9, f0);
+	return 0;
+}
+
+static long switches(int who)
+{
+	struct rusage ru;
+	getrusage(who, &ru);
+	return ru.ru_nvcsw + ru.ru_nivcsw;
+}
+
+static int cmd_pingpong(double seconds, int marked, int cpu)
+{
+	int a[2], b[2];
+	char c = 'x';
+	if (pipe(a) || pipe(b))
+		return perror("pipe"), 1;
+	if (cpu >= 0) {
+		cpu_set_t set;
+		CPU_ZERO(&set);
+		CPU_SET(cpu, &set);
+		if (sched_setaffinity(0, sizeof(set), &set))
+			return perror("sched_setaffinity"), 1;
+	}
+	pid_t child = fork();
+	if (child < 0)
+		return perror("fork"), 1;
+	if (child == 0) { /* echo until 'q' */
+		uint64_t id = req_id() + 2;
+		if (marked)
+			mark(MCP_OP_BEGIN, id);
+		while (read(a[0], &c, 1) == 1 && c != 'q')
+			if (write(b[1], &c, 1) != 1)
+				break;
+		if (marked)
+			mark(MCP_OP_END, id);
+		_exit(0);
+	}
+	uint64_t id = req_id();
+	if (marked)
+		mark(MCP_OP_BEGIN, id);
+	/* one round trip to be sure the child is running before the clock starts */
+	if (write(a[1], &c, 1) != 1 || read(b[0], &c, 1) != 1)
+		return perror("pingpong"), 1;
+	long s0 = switches(RUSAGE_SELF), trips = 0;
+	uint64_t t0 = now_ns(), end = t0 + (uint64_t)(seconds * 1e9), t1;
+	do {
+		for (int i = 0; i < 64; i++, trips++)
+			if (write(a[1], &c, 1) != 1 || read(b[0], &c, 1) != 1)
+				return perror("pingpong"), 1;
+		t1 = now_ns();
+	} while (t1 < end);
+	long self = switches(RUSAGE_SELF) - s0;
+	c = 'q';
+	if (write(a[1], &c, 1) != 1)
+		return perror("pingpong"), 1;
+	waitpid(child, NULL, 0);
+	if (marked)
+		mark(MCP_OP_END, id);
+	/* the child's switches include its start and end: a few, against hundreds of thousands */
+	printf("%ld %.6f %ld\n", trips, (t1 - t0) / 1e9, self + switches(RUSAGE_CHILDREN));
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc >= 5 && !strcmp(argv[1], "marker"))
+		return cmd_marker(atol(argv[2]), atol(argv[3]), atol(argv[4]));
+	if (argc >= 4 && !strcmp(argv[1], "getppid"))
+		return cmd_getppid(atol(argv[2]), atol(argv[3]));
+	if (argc >= 4 && !strcmp(argv[1], "ioctl"))
+		return cmd_ioctl(atol(argv[2]), atol(argv[3]));
+	if (argc >= 3 && !strcmp(argv[1], "flood"))
+		return cmd_flood(atof(argv[2]));
+	if (argc >= 5 && !strcmp(argv[1], "faults"))
+		return cmd_faults(atof(argv[2]), atol(argv[3]), atoi(argv[4]));
+	if (argc >= 5 && !strcmp(argv[1], "pingpong"))
+		return cmd_pingpong(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
+	fprintf(stderr, "usage: see the comment at the top of bench/loops.c\n");
+	return 2;
+}
