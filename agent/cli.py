@@ -60,7 +60,21 @@ config_option = click.option("--config", "config_path", type=click.Path(dir_okay
                              help="TOML config file (default /etc/mcp-hostagent/config.toml if present; env MCP_AGENT_CONFIG).")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class OneLineErrors(click.Group):
+    """Usage errors (bad flag, bad choice) as one line and exit 2, like config errors."""
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as e:
+            cmd = e.ctx.command_path if e.ctx else "mcp-agent"
+            click.echo(f"mcp-agent: error: {e.format_message()} (see {cmd} --help)", err=True)
+            sys.exit(EXIT_CONFIG)
+        except click.Abort:
+            sys.exit(130)
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 def main():
     """eBPF host-level observability for GPU inference hosts.
 
@@ -116,6 +130,8 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, strict, 
         return
     from .pipeline import Agent, StartError
 
+    if os.geteuid() != 0:
+        _fail("mcp-agent must run as root (BPF, tracefs); HINT: sudo mcp-agent run")
     progress = _Progress(cfg.status_enabled)
     agent = Agent(cfg, progress=progress)
     stop = threading.Event()
@@ -176,14 +192,17 @@ def probes(config_path, dump):
     """
     cfg = _load(config_path, {})
     from . import loader, probes as probes_mod
+    from .kernel import TRACEFS
     from .pipeline import StartError, bpf_settings, prepare_kernel
 
     if dump:
-        plan = probes_mod.plan(cfg.probes_disable)
-        for program in sorted({s.program for s in probes_mod.PROBES}):
-            click.echo(f"// {loader.source_path(program)}\n// cflags: {' '.join(loader.cflags_for(plan, program, bpf_settings(cfg)))}")
-            with open(loader.source_path(program)) as f:
-                click.echo(f.read())
+        # tracefs is root-only and may not be mounted yet: a tracepoint we cannot see from here is
+        # assumed present, so the flags are the agent's, not a probe-less unit's.
+        tracefs_visible = os.access(os.path.join(TRACEFS, "events"), os.X_OK)
+        plan = probes_mod.plan(cfg.probes_disable, **({} if tracefs_visible else {"exists": lambda cat, ev: True}))
+        click.echo(f"// {loader.UNIT_NAME}: {', '.join(loader.UNIT)} from {loader.bpf_source_dir()}")
+        click.echo(f"// cflags: {' '.join(loader.cflags_for(plan, bpf_settings(cfg)))}")
+        click.echo(loader.unit_source())
         return
     try:
         hc, mounted = prepare_kernel(cfg)

@@ -122,16 +122,18 @@ SETTINGS: tuple[Setting, ...] = (
     S("service.name", "str", "mcp-agent", "service.name resource attribute of all telemetry",
       min=1, env_aliases=("OTEL_SERVICE_NAME",)),
     S("requests.max_open_per_pid", "int", 1024,
-      "Most requests tracked as open per process; beyond it the oldest are evicted", min=1, max=65536),
+      "Most threads of one process with an open request; further begins are refused and counted",
+      min=1, max=65536),
     S("requests.idle_expiry_s", "float", 300.0,
-      "Seconds without activity after which an open request is closed as expired", min=1, max=86400),
+      "Seconds after its begin at which a request never ended is closed as expired", min=1, max=86400),
     S("requests.max_begins_per_s_per_pid", "int", 20000,
       "Most request begins accepted per second per process; the excess is dropped and counted",
       min=1, max=10_000_000),
     S("probes.strict", "bool", False, "Exit if any probe fails to attach, instead of running without it"),
     S("probes.disable", "list[str]", (), "Names of probes not to attach (each of a-z 0-9 _ . : -)", check=_probe_names),
     S("process.watch", "choice", "gpu",
-      "Processes to observe: all, those using a GPU, or only those marked by process.pids/process.comms",
+      "Per-process counters for: all processes, GPU processes (libcuda or /dev/nvidia* mapped), or only"
+      " processes that mark requests; process.pids/process.comms are added in every mode",
       choices=("all", "gpu", "marked")),
     S("process.pids", "list[int]", (), "Process ids to watch", min=1),
     S("process.comms", "list[str]", (),
@@ -141,6 +143,17 @@ SETTINGS: tuple[Setting, ...] = (
       env_aliases=("BCC_KERNEL_SOURCE",), optional=True, check=_directory),
     S("kernel.link_modules_build", "bool", False,
       "Create the /lib/modules/$(uname -r)/build link to the kernel headers when it is missing"),
+    S("reclaim.stall_threshold_ms", "float", 1.0,
+      "A direct or memcg reclaim stall at least this long becomes a child span of its request", min=0.001, max=60000),
+    S("reclaim.window_s", "float", 1.0, "Length of the windows the reclaim-storm rule is evaluated on", min=0.1, max=60),
+    S("reclaim.storm_kswapd_ratio", "float", 0.5,
+      "Storm when kswapd is awake at least this share of a window (any NUMA node)", min=0.01, max=1),
+    S("reclaim.storm_direct_ms_per_s", "float", 10.0,
+      "Storm when direct-reclaim stalls add up to this many ms per second (all threads)", min=0.001, max=1e6),
+    S("reclaim.storm_memcg_ms_per_s", "float", 10.0,
+      "Storm (host or one cgroup) when memcg-reclaim stalls add up to this many ms per second", min=0.001, max=1e6),
+    S("reclaim.storm_close_windows", "int", 3,
+      "Quiet windows in a row (all signals under half their threshold) that close a storm", min=1, max=3600),
     S("status.interval_s", "float", 1.0, "Seconds between status reports", min=0.1, max=60),
     S("status.enabled", "bool", True, "Report the agent's status periodically"),
     S("log.level", "choice", "info", "Log level", choices=("debug", "info", "warning", "error")),
@@ -179,6 +192,12 @@ class Config:
     process_comms: tuple[str, ...]
     kernel_headers: str | None
     kernel_link_modules_build: bool
+    reclaim_stall_threshold_ms: float
+    reclaim_window_s: float
+    reclaim_storm_kswapd_ratio: float
+    reclaim_storm_direct_ms_per_s: float
+    reclaim_storm_memcg_ms_per_s: float
+    reclaim_storm_close_windows: int
     status_interval_s: float
     status_enabled: bool
     log_level: str

@@ -7,6 +7,7 @@ struct raises DecodeError; the pipeline counts it (mcp.agent.records.rejected) a
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from dataclasses import dataclass
 
 from . import records as R
@@ -31,18 +32,25 @@ class Header:
     comm: bytes  # raw, untrusted: sanitise before display (identity.sanitize_text)
 
 
-@dataclass(frozen=True)
-class Counters:
-    faults: int = 0
-    vcsw: int = 0
-    ivcsw: int = 0
-    offcpu_ns: int = 0
+COUNTER_FIELDS = tuple(name for name, _ in R.Counters._fields_)
 
-    def __add__(self, other: "Counters") -> "Counters":
-        return Counters(*(a + b for a, b in zip(self.astuple(), other.astuple())))
 
-    def astuple(self) -> tuple[int, int, int, int]:
-        return (self.faults, self.vcsw, self.ivcsw, self.offcpu_ns)
+class _CountersOps:
+    def __add__(self, other):
+        return type(self)(*(a + b for a, b in zip(self.astuple(), other.astuple())))
+
+    def __sub__(self, other):
+        return type(self)(*(a - b for a, b in zip(self.astuple(), other.astuple())))
+
+    def astuple(self) -> tuple[int, ...]:
+        return tuple(getattr(self, f) for f in COUNTER_FIELDS)
+
+
+# Fields are those of struct mcp_counters in bpf/mcp_records.h, in order, all defaulting to 0.
+Counters = dataclasses.make_dataclass(
+    "Counters", [(f, int, dataclasses.field(default=0)) for f in COUNTER_FIELDS], bases=(_CountersOps,),
+    frozen=True)
+Counters.__module__ = __name__
 
 
 @dataclass(frozen=True)
@@ -69,15 +77,38 @@ class ProcExit:
 
 
 
+@dataclass(frozen=True)
+class ReclaimStall:
+    hdr: Header  # the stalled thread; hdr.ts_ns is the end of the stall
+    kind: str  # "direct" | "memcg"
+    begin_ns: int
+    nr_reclaimed: int
+    gfp_flags: int
+    order: int
+    request_id: int  # the thread's open request, 0 if none
+
+    @property
+    def stall_ns(self) -> int:
+        return self.hdr.ts_ns - self.begin_ns
+
+
+@dataclass(frozen=True)
+class Kswapd:
+    hdr: Header
+    nid: int
+    awake: bool
+    order: int
+
+
 def counters_from(c: R.Counters) -> Counters:
-    return Counters(c.faults, c.vcsw, c.ivcsw, c.offcpu_ns)
+    return Counters(*(getattr(c, f) for f in COUNTER_FIELDS))
 
 
 def _header(h: R.Hdr) -> Header:
     return Header(h.type, h.tgid, h.tid, h.cpu, h.ts_ns, h.cgroup_id, bytes(h.comm).split(b"\0", 1)[0])
 
 
-def decode(raw: bytes) -> "ReqBegin | ReqEnd | ProcExit":
+def decode(raw: bytes) -> "ReqBegin | ReqEnd | ProcExit | ReclaimStall | Kswapd":
     hsize = ctypes.sizeof(R.Hdr)
     if len(raw) < hsize:
         raise DecodeError("short", f"{len(raw)} bytes, header needs {hsize}")
@@ -97,4 +128,11 @@ def decode(raw: bytes) -> "ReqBegin | ReqEnd | ProcExit":
         if reason is None:
             raise DecodeError("bad_field", f"end reason {rec.reason}")
         return ReqEnd(hdr, rec.request_id, rec.begin_ns, reason, counters_from(rec.c))
+    if cls is R.EvReclaimStall:
+        kind = R.RECLAIM_KINDS.get(rec.kind)
+        if kind is None:
+            raise DecodeError("bad_field", f"reclaim kind {rec.kind}")
+        return ReclaimStall(hdr, kind, rec.begin_ns, rec.nr_reclaimed, rec.gfp_flags, rec.order, rec.request_id)
+    if cls is R.EvKswapd:
+        return Kswapd(hdr, rec.nid, bool(rec.awake), rec.order)
     return ProcExit(hdr, counters_from(rec.c))

@@ -206,6 +206,15 @@ class CgroupResolver:
         except OSError:  # ENOENT or ESRCH: the process is gone
             return None
 
+    def v2_dir(self, path: str) -> str | None:
+        """Directory of a cgroup v2 path (as /proc/PID/cgroup shows it) under the cgroup2 mount."""
+        mount = self._mount()
+        if mount is None:
+            return None
+        top, root = mount
+        rel = posixpath.relpath(path, root) if _is_under(path, root) else None
+        return None if rel is None else posixpath.normpath(posixpath.join(top, rel))
+
     def _mount(self) -> tuple[str, str] | None:
         try:
             with open(f"{self._proc_root}/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
@@ -306,6 +315,7 @@ class ProcessRegistry:
     def __init__(self, proc_root: str = "/proc", resolver: CgroupResolver | None = None, max_entries: int = 8192):
         self._proc_root = proc_root
         self._resolver = resolver or CgroupResolver(proc_root=proc_root)
+        self.cgroups = self._resolver
         self._max_entries = max_entries
         self._cache: OrderedDict[int, ProcessInfo] = OrderedDict()
 

@@ -12,8 +12,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from . import traceparent as tp
-from .decode import Counters, ProcExit, ReqBegin, ReqEnd
+from .decode import Counters, ProcExit, ReclaimStall, ReqBegin, ReqEnd
 
+MAX_STALLS_PER_REQUEST = 64  # child spans per request; the counters on the request span still sum all
 ERROR_REASONS = {"thread_exit", "process_exit", "expired", "id_mismatch", "superseded"}
 
 
@@ -30,6 +31,7 @@ class FinishedRequest:
     traceparent_state: str  # "valid" | "missing" | "invalid" | "begin_lost"
     end_reason: str
     counters: Counters
+    stalls: tuple[ReclaimStall, ...] = ()  # reclaim stalls over the threshold, on this thread, in order
 
     @property
     def is_error(self) -> bool:
@@ -39,6 +41,7 @@ class FinishedRequest:
 class RequestJoiner:
     def __init__(self) -> None:
         self.open: dict[tuple[int, int], ReqBegin] = {}
+        self.stalls: dict[tuple[int, int], list[ReclaimStall]] = {}
         self.rejected: Counter[str] = Counter()
 
     def on_begin(self, rec: ReqBegin) -> None:
@@ -47,6 +50,18 @@ class RequestJoiner:
             # The kernel sends the superseded END first; an open entry here means that END was lost.
             self.rejected["end_lost"] += 1
         self.open[key] = rec
+
+    def on_stall(self, rec: ReclaimStall) -> None:
+        """A stall the kernel tied to the thread's open request (request_id != 0)."""
+        key = (rec.hdr.tgid, rec.hdr.tid)
+        b = self.open.get(key)
+        if not rec.request_id or b is None or b.request_id != rec.request_id:
+            return
+        lst = self.stalls.setdefault(key, [])
+        if len(lst) < MAX_STALLS_PER_REQUEST:
+            lst.append(rec)
+        else:
+            self.rejected["stall_spans_truncated"] += 1
 
     def on_end(self, rec: ReqEnd) -> FinishedRequest:
         begin = self.open.pop((rec.hdr.tgid, rec.hdr.tid), None)
@@ -59,6 +74,7 @@ class RequestJoiner:
         out = []
         for k in keys:
             b = self.open.pop(k)
+            self.stalls.pop(k, None)
             self.rejected["end_lost"] += 1
             out.append(self._finish(b, k[0], k[1], b.request_id, b.hdr.comm, b.hdr.cgroup_id,
                                     b.hdr.ts_ns, rec.hdr.ts_ns, "process_exit", Counters()))
@@ -76,10 +92,12 @@ class RequestJoiner:
         stale = [k for k, b in self.open.items() if b.hdr.ts_ns < older_than_ns and k not in live]
         for k in stale:
             del self.open[k]
+            self.stalls.pop(k, None)
         self.rejected["end_lost"] += len(stale)
         return len(stale)
 
     def _finish(self, begin, tgid, tid, request_id, comm, cgroup_id, begin_ns, end_ns, reason, counters):
+        stalls = tuple(self.stalls.pop((tgid, tid), ()))
         if begin is None or begin.request_id != request_id:
             self.rejected["begin_lost"] += 1
             parent, state = None, "begin_lost"
@@ -91,4 +109,4 @@ class RequestJoiner:
             if parent is None:
                 self.rejected["bad_traceparent"] += 1
         return FinishedRequest(tgid, tid, request_id, comm, cgroup_id, begin_ns, end_ns, parent, state,
-                               reason, counters)
+                               reason, counters, stalls)

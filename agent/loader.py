@@ -42,64 +42,85 @@ def _bpf_class():
     return ManualAttachBPF
 
 
-def cflags_for(plan: ProbePlan, program: str, settings: dict[str, int]) -> list[str]:
+# One compile unit, in this order: common.bpf.c holds the maps and helpers every family uses.
+UNIT = ("common.bpf.c", "requests.bpf.c", "reclaim.bpf.c", "cuda.bpf.c")
+UNIT_NAME = "agent.bpf"
+
+
+def cflags_for(plan: ProbePlan, settings: dict[str, int]) -> list[str]:
     flags = [f"-I{bpf_source_dir()}"]
     flags += [f"-D{k}={int(v)}" for k, v in sorted(settings.items())]
-    flags += [f"-D{spec.macro}=1" for spec in plan.enabled(program)]
+    flags += [f"-D{spec.macro}=1" for spec in plan.enabled()]
     return flags
 
 
-def source_path(program: str) -> str:
-    return os.path.join(bpf_source_dir(), program)
+def unit_source() -> str:
+    """The text bcc compiles: each source file present, in UNIT order, with a marker line each."""
+    parts = []
+    for name in UNIT:
+        path = os.path.join(bpf_source_dir(), name)
+        if os.path.exists(path):
+            with open(path) as f:
+                parts.append(f'#line 1 "{name}"\n' + f.read())
+    return "\n".join(parts)
 
 
-def _compile_quietly(path: str, cflags: list[str], progress: Callable[[str], None] | None):
-    """Compile with fd 2 redirected (libbcc prints clang diagnostics there), ticking progress."""
+def _compile_quietly(text: str, cflags: list[str], progress: Callable[[str], None] | None):
+    """Compile with fds 1 and 2 redirected (libbcc prints clang diagnostics on 2 and some errors,
+    such as missing headers, on 1, where --console spans go), ticking progress on the real fd 2."""
     BPF = _bpf_class()
-    saved = os.dup(2)
+    saved, saved_out = os.dup(2), os.dup(1)
     done = threading.Event()
     t0 = time.monotonic()
 
     def tick():
         while not done.wait(0.25):
             if progress:
-                progress(f"compiling {os.path.basename(path)} with LLVM... {time.monotonic() - t0:.1f}s")
+                progress(f"compiling {UNIT_NAME} with LLVM... {time.monotonic() - t0:.1f}s")
 
     with tempfile.TemporaryFile() as diag:
         sys.stderr.flush()
+        sys.stdout.flush()
         os.dup2(diag.fileno(), 2)
+        os.dup2(diag.fileno(), 1)
         ticker = threading.Thread(target=tick, daemon=True)
         ticker.start()
         try:
-            bpf = BPF(src_file=path.encode(), cflags=cflags)
+            bpf = BPF(text=text.encode(), cflags=cflags)
         except Exception as e:
             os.dup2(saved, 2)
+            os.dup2(saved_out, 1)
             diag.seek(0)
             errors = [ln for ln in diag.read().decode(errors="replace").splitlines() if "error:" in ln]
-            raise LoadError(f"compile {path}: {e}: {'; '.join(errors[:3]) or 'no compiler error line'}") from e
+            raise LoadError(f"compile {UNIT_NAME}: {e}: {'; '.join(errors[:3]) or 'no compiler error line'}") from e
         finally:
             done.set()
             os.dup2(saved, 2)
+            os.dup2(saved_out, 1)
             os.close(saved)
+            os.close(saved_out)
     return bpf, time.monotonic() - t0
 
 
 def load(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], None] | None = None) -> list[Loaded]:
-    """Compile each program that has enabled probes, then attach those probes one by one.
-    Statuses in `plan` are updated in place; a program that fails to compile marks its probes missing."""
-    loaded = []
-    for program in dict.fromkeys(s.program for s in plan.enabled()):
-        try:
-            bpf, secs = _compile_quietly(source_path(program), cflags_for(plan, program, settings), progress)
-        except LoadError as e:
-            for spec in plan.enabled(program):
-                plan.mark(spec.name, MISSING, str(e), "check kernel headers (mcp-agent probes --dump shows the source and flags)")
+    """Compile the unit once with every enabled probe, then attach the tracepoint probes one by one.
+    Statuses in `plan` are updated in place; a failed compile marks every enabled probe missing.
+    Probes of other kinds (uprobes) are attached later by their own module."""
+    enabled = plan.enabled()
+    if not enabled:
+        return []
+    try:
+        bpf, secs = _compile_quietly(unit_source(), cflags_for(plan, settings), progress)
+    except LoadError as e:
+        for spec in enabled:
+            plan.mark(spec.name, MISSING, str(e), "check kernel headers (mcp-agent probes --dump shows the source and flags)")
+        return []
+    for spec in enabled:
+        if spec.kind != "tracepoint":
             continue
-        for spec in plan.enabled(program):
-            try:
-                bpf.attach_tracepoint(tp=spec.tracepoint.encode(), fn_name=spec.fn_name.encode())
-                plan.mark(spec.name, ATTACHED, "")
-            except Exception as e:  # bcc raises bare Exception with the kernel's reason
-                plan.mark(spec.name, MISSING, f"attach {spec.tracepoint}: {e}", spec.hint)
-        loaded.append(Loaded(bpf, program, secs))
-    return loaded
+        try:
+            bpf.attach_tracepoint(tp=spec.tracepoint.encode(), fn_name=spec.fn_name.encode())
+            plan.mark(spec.name, ATTACHED, "")
+        except Exception as e:  # bcc raises bare Exception with the kernel's reason
+            plan.mark(spec.name, MISSING, f"attach {spec.tracepoint}: {e}", spec.hint)
+    return [Loaded(bpf, UNIT_NAME, secs)]

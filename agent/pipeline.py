@@ -15,12 +15,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import discovery, kernel, loader, probes
+from . import discovery, kernel, loader, memstat, probes
 from .config import Config
-from .decode import Counters, DecodeError, ProcExit, ReqBegin, ReqEnd, counters_from, decode
-from .identity import ProcessRegistry
+from .decode import Counters, DecodeError, Kswapd, ProcExit, ReclaimStall, ReqBegin, ReqEnd, counters_from, decode
+from .identity import ProcessRegistry, container_from_cgroup_path
 from .join import RequestJoiner
-from .records import KERNEL_STATS, ReqState, TgidState
+from .reclaim import KswapdTracker, StormDetector, Thresholds, Window
+from .records import C, KERNEL_STATS
 from .telemetry import AgentHealth, Telemetry
 from .timebase import Timebase
 from mcp_hostagent.exporters import Exporters, build_exporters
@@ -45,12 +46,32 @@ class StartReport:
     sinks: list[str]
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+RT = {name[len("MCP_RT_"):].lower(): v for name, v in C.items() if name.startswith("MCP_RT_") and name != "MCP_RT_MAX"}
+
+
 def bpf_settings(cfg: Config) -> dict[str, int]:
     return {
         "MCP_MAX_OPEN_PER_PID": cfg.requests_max_open_per_pid,
         "MCP_MAX_BEGINS_PER_S": cfg.requests_max_begins_per_s_per_pid,
         "MCP_WATCH_ALL": cfg.process_watch == "all",
+        "MCP_STALL_THRESHOLD_NS": int(cfg.reclaim_stall_threshold_ms * 1e6),
     }
+
+
+def cgroup_attrs(path: str) -> dict:
+    ref = container_from_cgroup_path(path)
+    attrs = {"mcp.cgroup.path": path}
+    if ref and ref.container_id:
+        attrs["container.id"] = ref.container_id
+    if ref and ref.pod_uid:
+        attrs["k8s.pod.uid"] = ref.pod_uid
+    return attrs
+
+
+def storm_thresholds(cfg: Config) -> Thresholds:
+    return Thresholds(cfg.reclaim_storm_kswapd_ratio, cfg.reclaim_storm_direct_ms_per_s,
+                      cfg.reclaim_storm_memcg_ms_per_s, 1, cfg.reclaim_storm_close_windows)
 
 
 def prepare_kernel(cfg: Config) -> tuple[kernel.HeaderChoice, list[str]]:
@@ -82,6 +103,11 @@ class Agent:
         self.telemetry: Telemetry | None = None
         self.plan: probes.ProbePlan | None = None
         self._exited: dict[int, tuple[float, dict, Counters]] = {}
+        self.kswapd = KswapdTracker()
+        self.storms: dict[str, StormDetector] = {"host": StormDetector("host", storm_thresholds(cfg))}
+        self._win_start = time.monotonic_ns()
+        self._win_prev: dict = {}
+        self._cg_totals: dict[str, list[int]] = {}  # cgroup path -> [direct_ns, memcg_ns]
         self._next_watch = self._next_expiry = 0.0
         self._last_error_log = 0.0
         self._stopped = False
@@ -97,18 +123,20 @@ class Agent:
         self.loaded = loader.load(self.plan, bpf_settings(cfg), self.progress)
         self.health.compile_s = sum(x.compile_s for x in self.loaded)
         self.health.probes = {n: s.state for n, s in self.plan.statuses.items()}
-        if cfg.probes_strict and self.plan.missing():
+        missing = self.plan.missing()
+        reasons = "; ".join(dict.fromkeys(s.reason for s in missing))  # one compile error, not one per probe
+        if cfg.probes_strict and missing:
             self.detach()
-            names = ", ".join(f"{s.spec.name} ({s.reason})" for s in self.plan.missing())
-            raise StartError(f"--strict: probes missing: {names}")
+            raise StartError(f"--strict: probes missing: {', '.join(s.spec.name for s in missing)}: {reasons}")
         if not self.loaded:
-            raise StartError("no BPF program loaded: " + "; ".join(s.reason for s in self.plan.missing()))
+            raise StartError(f"no BPF program loaded: {reasons}")
         self.bpf = self.loaded[0].bpf
         self.telemetry = Telemetry(service_name=cfg.service_name, exporters=exporters, timebase=self.timebase,
                                    health=self.health, max_queue_size=cfg.export_max_queue_size,
                                    metric_interval_s=cfg.export_metric_interval_s)
         self.bpf[b"events"].open_ring_buffer(self._on_event)
         self.tick()
+        self._reclaim_window()  # baseline of the reclaim totals: the first window counts from here
         return StartReport(hc.description, mounted, self.health.compile_s, self.plan, exporters.describe())
 
     def detach(self) -> None:
@@ -157,6 +185,111 @@ class Agent:
             self._expire()
             self._next_expiry = now + min(EXPIRY_SCAN_S, self.cfg.requests_idle_expiry_s / 2)
         self._read_maps()
+        if time.monotonic_ns() - self._win_start >= self.cfg.reclaim_window_s * 1e9:
+            self._reclaim_window()
+
+    # ---- reclaim windows ----
+    def _reclaim_window(self) -> None:
+        """Close one storm-rule window: kernel totals, kswapd intervals and /proc context -> detectors."""
+        b = self.bpf
+        if b is None or self.telemetry is None:
+            return
+        now, w0 = time.monotonic_ns(), self._win_start
+        self._win_start = now
+        secs = (now - w0) / 1e9
+        prev = self._win_prev
+        totals = [sum(v) for _, v in sorted(b[b"reclaim_totals"].items(), key=lambda kv: kv[0].value)]
+        vm = memstat.read_vmstat(self.proc_root)
+        cpu = memstat.kswapd_cpu_ticks(self.proc_root)
+        psi = memstat.read_psi(f"{self.proc_root}/pressure/memory")
+        by_tgid = {k.value: (v.direct_reclaim_ns, v.memcg_reclaim_ns) for k, v in b[b"reclaim_by_tgid"].items()}
+        self._win_prev = {"totals": totals, "vm": vm, "cpu": cpu, "tgid": by_tgid}
+        if not prev:
+            return  # the first window only sets the baseline
+        d = {name: totals[i] - prev["totals"][i] for name, i in RT.items()}
+        dvm = {k: vm.get(k, 0) - prev["vm"].get(k, 0) for k in memstat.VMSTAT_KEYS}
+        nodes = self.kswapd.nodes() | set(cpu)
+        ratios = {n: self.kswapd.active_ns(w0, now, n) / max(now - w0, 1) for n in nodes}
+        context = {k: v for k, v in dvm.items() if v}
+        context["allocstall"] = memstat.allocstall(vm) - memstat.allocstall(prev["vm"])
+        for kind in ("some", "full"):
+            if kind in psi:
+                context[f"psi_{kind}_avg10"] = psi[kind].get("avg10", 0.0)
+        host = Window(w0, now, max(ratios.values(), default=0.0), d["direct_ns"], d["memcg_ns"], context)
+        windows = {"host": host}
+        for path, (dn, mn) in self._cgroup_deltas(by_tgid, prev["tgid"]).items():
+            windows[path] = Window(w0, now, 0.0, dn, mn, self._cgroup_psi(path))
+        for scope in list(self.storms):  # open episodes need their quiet windows to close
+            windows.setdefault(scope, Window(w0, now))
+        for scope, w in windows.items():
+            det = self.storms.get(scope)
+            if det is None:
+                if not (w.direct_stall_ns or w.memcg_stall_ns):
+                    continue
+                det = self.storms[scope] = StormDetector(scope, storm_thresholds(self.cfg))
+            act = det.feed(w)
+            if act and act[0] == "open":
+                self.telemetry.storm_open(act[1], {} if scope == "host" else cgroup_attrs(scope))
+            elif act and act[0] == "close":
+                self.telemetry.storm_close(act[1])
+        for scope in [s for s, det in self.storms.items() if s != "host" and det.episode is None and not det.hot_run]:
+            del self.storms[scope]
+        self.kswapd.forget_before(now - int(600e9))
+        self.telemetry.set_reclaim(self._reclaim_snapshot(totals, vm, cpu, prev["cpu"], secs, ratios, psi))
+
+    def _cgroup_deltas(self, now: dict, before: dict) -> dict[str, tuple[int, int]]:
+        """Per-tgid reclaim stall deltas summed by the task's cgroup path (v2, else v1 memory)."""
+        out: dict[str, list[int]] = {}
+        for tgid, (dn, mn) in now.items():
+            b = before.get(tgid, (0, 0))
+            if (dn - b[0]) <= 0 and (mn - b[1]) <= 0:
+                continue
+            path = self._memory_cgroup(tgid)
+            acc = out.setdefault(path, [0, 0])
+            acc[0] += dn - b[0]
+            acc[1] += mn - b[1]
+            tot = self._cg_totals.setdefault(path, [0, 0])
+            tot[0] += dn - b[0]
+            tot[1] += mn - b[1]
+        return {p: (a[0], a[1]) for p, a in out.items()}
+
+    def _cgroup_psi(self, path: str) -> dict:
+        """The cgroup's own memory PSI (cgroup v2 memory.pressure; v1 has none)."""
+        d = self.registry.cgroups.v2_dir(path)
+        psi = memstat.read_psi(f"{d}/memory.pressure") if d else {}
+        return {f"psi_{k}_avg10": v.get("avg10", 0.0) for k, v in psi.items()}
+
+    def _memory_cgroup(self, tgid: int) -> str:
+        """The cgroup whose memory limit the task is charged to: v1's memory controller path where
+        the host mounts it (hybrid layout), else the v2 path."""
+        info = self.registry.cgroups.for_pid(tgid)
+        if info is None:
+            return "unknown"
+        return info.v1_paths.get("memory") or info.v2_path or "unknown"
+
+    def _reclaim_snapshot(self, totals, vm, cpu, cpu_prev, secs, ratios, psi) -> dict:
+        t = {name: totals[i] for name, i in RT.items()}
+        hist = {}
+        for k, v in self.bpf[b"stall_hist"].items():
+            if v.value:
+                kind, slot = divmod(k.value, 64)
+                hist[(("direct", "memcg")[kind], 1 << slot)] = v.value
+        snap = {
+            "stall_ns": [(t["direct_ns"], {"mcp.reclaim.kind": "direct"}), (t["memcg_ns"], {"mcp.reclaim.kind": "memcg"})],
+            "stalls": [(n, {"mcp.reclaim.kind": k, "mcp.stall.le_ns": le}) for (k, le), n in sorted(hist.items())],
+            "pages": [(t[f"{op}_{who}"], {"mcp.reclaim.by": who, "mcp.reclaim.op": "scanned" if op == "scan" else "reclaimed"})
+                      for who in ("kswapd", "direct", "memcg") for op in ("scan", "steal")],
+            "kswapd_ratio": [(r, {"mcp.numa.node": n}) for n, r in sorted(ratios.items())],
+            "kswapd_cpu": [((cpu[n] - cpu_prev.get(n, cpu[n])) / CLK_TCK / max(secs, 1e-9), {"mcp.numa.node": n})
+                           for n in sorted(cpu)],
+            "psi": [(v.get("avg10", 0.0), {"mcp.psi.kind": k, "mcp.psi.scope": "host"}) for k, v in psi.items()],
+            "storm_active": [(int(det.episode is not None), {"mcp.storm.scope": s}) for s, det in self.storms.items()],
+            "cgroup_stall_ns": [(v, {**cgroup_attrs(p), "mcp.reclaim.kind": k})
+                                for p, tot in self._cg_totals.items() for k, v in zip(("direct", "memcg"), tot)],
+            "host_faults": [(vm.get("pgfault", 0) - vm.get("pgmajfault", 0), {"mcp.fault.type": "minor"}),
+                            (vm.get("pgmajfault", 0), {"mcp.fault.type": "major"})],
+        }
+        return snap
 
     # ---- ring buffer ----
     def _on_event(self, ctx, data, size) -> int:
@@ -180,6 +313,10 @@ class Agent:
             self.registry.lookup(rec.hdr.tgid, rec.hdr.comm)  # while it surely lives
         elif isinstance(rec, ReqEnd):
             self._emit(self.joiner.on_end(rec))
+        elif isinstance(rec, ReclaimStall):
+            self.joiner.on_stall(rec)
+        elif isinstance(rec, Kswapd):
+            (self.kswapd.wake if rec.awake else self.kswapd.sleep)(rec.nid, rec.hdr.ts_ns)
         elif isinstance(rec, ProcExit):
             for fr in self.joiner.on_proc_exit(rec):
                 self._emit(fr)
@@ -191,7 +328,10 @@ class Agent:
         return self.registry.attributes(self.registry.lookup(pid, comm))
 
     def _emit(self, fr) -> None:
-        self.telemetry.emit_request(fr, self._proc_attrs(fr.tgid, fr.comm))
+        extra = {}
+        if self.health.probes.get("kswapd_wake") == "attached":
+            extra["mcp.reclaim.kswapd_overlap_ns"] = self.kswapd.active_ns(fr.begin_ns, fr.end_ns)
+        self.telemetry.emit_request(fr, self._proc_attrs(fr.tgid, fr.comm), extra)
 
     # ---- maps ----
     def _read_maps(self) -> None:

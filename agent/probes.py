@@ -18,10 +18,11 @@ ATTACHED, MISSING, DISABLED = "attached", "missing", "disabled"
 @dataclass(frozen=True)
 class ProbeSpec:
     name: str
-    tracepoint: str  # "category:event"
-    program: str  # BPF source under bpf/
+    tracepoint: str  # "category:event" (the hook, for other kinds: what it attaches to)
+    program: str  # BPF source under bpf/ holding its #if MCP_PROBE_<NAME> block
     provides: str
     hint: str
+    kind: str = "tracepoint"  # the loader attaches tracepoints; other kinds are attached by their module
 
     @property
     def macro(self) -> str:
@@ -45,6 +46,23 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("process_exit", "sched:sched_process_exit", "requests.bpf.c",
               "closes requests of threads that exit inside them; frees per-process state",
               "without it, open requests end by idle expiry only"),
+    ProbeSpec("reclaim_direct_begin", "vmscan:mm_vmscan_direct_reclaim_begin", "reclaim.bpf.c",
+              "direct reclaim stall start, per thread", "needs CONFIG_TRACEPOINTS with vmscan events"),
+    ProbeSpec("reclaim_direct_end", "vmscan:mm_vmscan_direct_reclaim_end", "reclaim.bpf.c",
+              "direct reclaim stall ns and pages per request and process", "needs vmscan events"),
+    ProbeSpec("reclaim_memcg_begin", "vmscan:mm_vmscan_memcg_reclaim_begin", "reclaim.bpf.c",
+              "memcg (cgroup limit) reclaim stall start", "needs CONFIG_MEMCG"),
+    ProbeSpec("reclaim_memcg_end", "vmscan:mm_vmscan_memcg_reclaim_end", "reclaim.bpf.c",
+              "memcg reclaim stall ns and pages per request, process and cgroup", "needs CONFIG_MEMCG"),
+    ProbeSpec("kswapd_wake", "vmscan:mm_vmscan_kswapd_wake", "reclaim.bpf.c",
+              "kswapd active intervals per NUMA node (start)", "needs vmscan events"),
+    ProbeSpec("kswapd_sleep", "vmscan:mm_vmscan_kswapd_sleep", "reclaim.bpf.c",
+              "kswapd active intervals per NUMA node (end)", "needs vmscan events"),
+    ProbeSpec("wakeup_kswapd", "vmscan:mm_vmscan_wakeup_kswapd", "reclaim.bpf.c",
+              "which tasks' allocations woke kswapd", "needs vmscan events"),
+    ProbeSpec("reclaim_shrink", "vmscan:mm_vmscan_lru_shrink_inactive", "reclaim.bpf.c",
+              "pages scanned/reclaimed by kswapd, direct and memcg reclaim (cf. /proc/vmstat)",
+              "needs vmscan events"),
 )
 
 
@@ -90,7 +108,7 @@ def plan(disabled: list[str] | tuple[str, ...] = (), exists=tracepoint_exists) -
     for spec in PROBES:
         if spec.name in disabled:
             p.statuses[spec.name] = ProbeStatus(spec, DISABLED, "disabled by probes.disable")
-        elif not exists(*spec.tracepoint.split(":")):
+        elif spec.kind == "tracepoint" and not exists(*spec.tracepoint.split(":")):
             p.statuses[spec.name] = ProbeStatus(
                 spec, MISSING, f"tracepoint {spec.tracepoint} not in this kernel's tracefs", spec.hint)
         else:

@@ -57,7 +57,14 @@ class Mark(ctypes.Structure):
 
 
 class Counters(ctypes.Structure):
-    _fields_ = [("faults", u64), ("vcsw", u64), ("ivcsw", u64), ("offcpu_ns", u64)]
+    _fields_ = [(name, u64) for name in (
+        "faults", "vcsw", "ivcsw", "offcpu_ns",
+        "direct_reclaims", "direct_reclaim_ns", "memcg_reclaims", "memcg_reclaim_ns", "reclaimed_pages",
+        "kswapd_wakeups",
+        "cu_launch", "cu_launch_ptsz", "cu_launch_ex", "cu_launch_ex_ptsz", "cu_graph_launch",
+        "cu_ctx_ops", "cu_ctx_ns", "cu_syncs", "cu_sync_ns", "cu_allocs", "cu_alloc_ns", "cu_frees",
+        "cu_free_ns", "nv_ioctls", "nv_ioctl_ns", "sampled",
+    )]
 
 
 class ReqState(ctypes.Structure):
@@ -104,6 +111,19 @@ class EvProcExit(ctypes.Structure):
     _fields_ = [("h", Hdr), ("c", Counters)]
 
 
+class EvReclaimStall(ctypes.Structure):
+    _fields_ = [("h", Hdr), ("begin_ns", u64), ("nr_reclaimed", u64), ("gfp_flags", u64), ("kind", u32),
+                ("order", ctypes.c_int32), ("request_id", u64)]
+
+
+class EvKswapd(ctypes.Structure):
+    _fields_ = [("h", Hdr), ("nid", u32), ("awake", u32), ("order", ctypes.c_int32), ("pad", u32)]
+
+
+class ReclaimStart(ctypes.Structure):
+    _fields_ = [("ts_ns", u64), ("gfp_flags", u64), ("order", ctypes.c_int32), ("kind", u32)]
+
+
 # C struct name -> ctypes mirror; tests/test_layout.py walks this table.
 STRUCTS = {
     "mcp_mark": Mark,
@@ -115,13 +135,20 @@ STRUCTS = {
     "mcp_ev_req_begin": EvReqBegin,
     "mcp_ev_req_end": EvReqEnd,
     "mcp_ev_proc_exit": EvProcExit,
+    "mcp_ev_reclaim_stall": EvReclaimStall,
+    "mcp_ev_kswapd": EvKswapd,
+    "mcp_reclaim_start": ReclaimStart,
 }
 
 EVENT_TYPES = {
     C["MCP_EV_REQ_BEGIN"]: EvReqBegin,
     C["MCP_EV_REQ_END"]: EvReqEnd,
     C["MCP_EV_PROC_EXIT"]: EvProcExit,
+    C["MCP_EV_RECLAIM_STALL"]: EvReclaimStall,
+    C["MCP_EV_KSWAPD"]: EvKswapd,
 }
+
+RECLAIM_KINDS = {C["MCP_RECLAIM_DIRECT"]: "direct", C["MCP_RECLAIM_MEMCG"]: "memcg"}
 
 END_REASONS = {
     C["MCP_END_MARKED"]: "marked",

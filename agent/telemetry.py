@@ -20,16 +20,33 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from . import __version__
 from .decode import Counters
 from .join import FinishedRequest
+from .reclaim import Episode
 from .timebase import Timebase
 from mcp_hostagent.exporters import Exporters
 from mcp_hostagent.exporters.counting import CountingBatchSpanProcessor
 
 SPAN_NAME = "mcp.request"
+STALL_SPAN = "mcp.reclaim.stall"
+STORM_SPAN = "mcp.reclaim_storm"
+KEEP_CLOSED_STORMS = 32
+
+
+@dataclass
+class StormRef:
+    """An episode's span, kept so that request spans overlapping it can link to it."""
+
+    episode: Episode
+    span: object  # the SDK span, open until the episode closes
+    context: SpanContext
+
+    def overlaps(self, t0: int, t1: int) -> bool:
+        end = self.episode.end_ns if self.episode.closed else t1
+        return self.episode.start_ns < t1 and end > t0
 
 
 @dataclass
@@ -47,8 +64,40 @@ class AgentHealth:
         return self.kernel_stats.get("rb_lost", 0)
 
 
+# struct mcp_counters field -> request span attribute (docs/TELEMETRY.md). A field of a probe family
+# that is not attached stays 0 and is left off the span, except the foundation's four.
+COUNTER_ATTRS = {
+    "faults": "mcp.faults.user",
+    "vcsw": "mcp.ctx_switches.voluntary",
+    "ivcsw": "mcp.ctx_switches.involuntary",
+    "offcpu_ns": "mcp.offcpu_ns",
+    "direct_reclaims": "mcp.reclaim.direct.count",
+    "direct_reclaim_ns": "mcp.reclaim.direct.stall_ns",
+    "memcg_reclaims": "mcp.reclaim.memcg.count",
+    "memcg_reclaim_ns": "mcp.reclaim.memcg.stall_ns",
+    "reclaimed_pages": "mcp.reclaim.pages",
+    "kswapd_wakeups": "mcp.reclaim.kswapd_wakeups",
+    "cu_launch": "mcp.cuda.launches.cuLaunchKernel",
+    "cu_launch_ptsz": "mcp.cuda.launches.cuLaunchKernel_ptsz",
+    "cu_launch_ex": "mcp.cuda.launches.cuLaunchKernelEx",
+    "cu_launch_ex_ptsz": "mcp.cuda.launches.cuLaunchKernelEx_ptsz",
+    "cu_graph_launch": "mcp.cuda.graph_launches",
+    "cu_ctx_ops": "mcp.cuda.ctx.count",
+    "cu_ctx_ns": "mcp.cuda.ctx.ns",
+    "cu_syncs": "mcp.cuda.sync.count",
+    "cu_sync_ns": "mcp.cuda.sync.wait_ns",
+    "cu_allocs": "mcp.cuda.alloc.count",
+    "cu_alloc_ns": "mcp.cuda.alloc.ns",
+    "cu_frees": "mcp.cuda.free.count",
+    "cu_free_ns": "mcp.cuda.free.ns",
+    "nv_ioctls": "mcp.nvidia.ioctl.count",
+    "nv_ioctl_ns": "mcp.nvidia.ioctl.ns",
+    "sampled": "mcp.cuda.sampled",
+}
+ALWAYS_SHOWN = {"faults", "vcsw", "ivcsw", "offcpu_ns"}
+
+
 def request_attributes(fr: FinishedRequest, proc_attrs: dict) -> dict:
-    c = fr.counters
     attrs = dict(proc_attrs)
     attrs.update({
         "process.pid": fr.tgid,
@@ -57,11 +106,24 @@ def request_attributes(fr: FinishedRequest, proc_attrs: dict) -> dict:
         "mcp.request.end_reason": fr.end_reason,
         "mcp.request.traceparent": fr.traceparent_state,
         "mcp.cgroup.id": fr.cgroup_id,
-        "mcp.faults.user": c.faults,
-        "mcp.ctx_switches.voluntary": c.vcsw,
-        "mcp.ctx_switches.involuntary": c.ivcsw,
-        "mcp.offcpu_ns": c.offcpu_ns,
     })
+    for field, name in COUNTER_ATTRS.items():
+        value = getattr(fr.counters, field)
+        if value or field in ALWAYS_SHOWN:
+            attrs[name] = value
+    return attrs
+
+
+def episode_attributes(ep: Episode) -> dict:
+    attrs = {
+        "mcp.storm.scope": ep.scope,
+        "mcp.storm.windows": ep.windows,
+        "mcp.storm.peak.kswapd_ratio": round(ep.peak_kswapd_ratio, 4),
+        "mcp.storm.peak.direct_stall_ms_per_s": round(ep.peak_direct_ms_per_s, 3),
+        "mcp.storm.peak.memcg_stall_ms_per_s": round(ep.peak_memcg_ms_per_s, 3),
+    }
+    attrs.update({f"mcp.storm.{k}": v for k, v in ep.totals.items()})
+    attrs.update({f"mcp.storm.peak.{k}": v for k, v in ep.peaks.items()})
     return attrs
 
 
@@ -73,6 +135,8 @@ class Telemetry:
         self.stats = exporters.stats
         self._lock = threading.Lock()
         self._proc_rows: dict[int, tuple[dict, Counters]] = {}
+        self._storms: list[StormRef] = []
+        self._reclaim: dict = {}
         resource = Resource.create({
             "service.name": service_name,
             "service.version": __version__,
@@ -89,23 +153,63 @@ class Telemetry:
         self._instruments()
 
     # ---- spans ----
-    def emit_request(self, fr: FinishedRequest, proc_attrs: dict) -> None:
+    def emit_request(self, fr: FinishedRequest, proc_attrs: dict, extra: dict | None = None) -> None:
         ctx = None
         if fr.parent is not None:
             parent = SpanContext(fr.parent.trace_id, fr.parent.span_id, is_remote=True,
                                  trace_flags=TraceFlags(fr.parent.flags & 0x01))
             ctx = trace.set_span_in_context(NonRecordingSpan(parent))
+        attrs = request_attributes(fr, proc_attrs)
+        attrs.update(extra or {})
+        storms = [st for st in self._storms if st.overlaps(fr.begin_ns, fr.end_ns)]
+        links = [Link(st.context, {"mcp.link.type": "reclaim_storm", "mcp.storm.scope": st.episode.scope})
+                 for st in storms]
+        wall = self.timebase.to_wall_ns
         span = self.tracer.start_span(SPAN_NAME, context=ctx, kind=SpanKind.INTERNAL,
-                                      start_time=self.timebase.to_wall_ns(fr.begin_ns),
-                                      attributes=request_attributes(fr, proc_attrs))
+                                      start_time=wall(fr.begin_ns), attributes=attrs, links=links)
+        for st in storms:
+            span.add_event("mcp.reclaim_storm", {"mcp.storm.scope": st.episode.scope,
+                                                 "mcp.storm.trace_id": f"{st.context.trace_id:032x}",
+                                                 "mcp.storm.span_id": f"{st.context.span_id:016x}"},
+                           timestamp=wall(max(fr.begin_ns, st.episode.start_ns)))
+        child_ctx = trace.set_span_in_context(span)
+        for stall in fr.stalls:
+            self.tracer.start_span(STALL_SPAN, context=child_ctx, start_time=wall(stall.begin_ns), attributes={
+                "thread.id": stall.hdr.tid, "mcp.reclaim.kind": stall.kind, "mcp.reclaim.pages": stall.nr_reclaimed,
+                "mcp.reclaim.order": stall.order, "mcp.reclaim.gfp_flags": f"0x{stall.gfp_flags:x}",
+                "mcp.reclaim.stall_ns": stall.stall_ns,
+            }).end(end_time=wall(stall.hdr.ts_ns))
         if fr.is_error:
             span.set_status(Status(StatusCode.ERROR, f"request ended: {fr.end_reason}"))
-        span.end(end_time=self.timebase.to_wall_ns(max(fr.end_ns, fr.begin_ns)))
+        span.end(end_time=wall(max(fr.end_ns, fr.begin_ns)))
         self._duration.record((fr.end_ns - fr.begin_ns) / 1e6, {
             "process.executable.name": proc_attrs.get("process.executable.name", ""),
             "mcp.request.end_reason": fr.end_reason})
         with self._lock:
             self.health.requests[fr.end_reason] += 1
+
+    # ---- reclaim storms ----
+    def storm_open(self, ep: Episode, attrs: dict | None = None) -> None:
+        span = self.tracer.start_span(STORM_SPAN, kind=SpanKind.INTERNAL, start_time=self.timebase.to_wall_ns(ep.start_ns),
+                                      attributes={"mcp.storm.scope": ep.scope, **(attrs or {})})
+        self._storms.append(StormRef(ep, span, span.get_span_context()))
+
+    def storm_close(self, ep: Episode) -> None:
+        for st in self._storms:
+            if st.episode is ep:
+                st.span.set_attributes(episode_attributes(ep))
+                st.span.end(end_time=self.timebase.to_wall_ns(max(ep.end_ns, ep.start_ns)))
+        closed = [st for st in self._storms if st.episode.closed]
+        for st in closed[:-KEEP_CLOSED_STORMS]:
+            self._storms.remove(st)
+
+    def open_storms(self) -> list[Episode]:
+        return [st.episode for st in self._storms if not st.episode.closed]
+
+    def set_reclaim(self, snap: dict) -> None:
+        """Host reclaim snapshot from the pipeline: totals, kswapd ratios, PSI, stall histogram, cgroups."""
+        with self._lock:
+            self._reclaim = dict(snap)
 
     # ---- metrics ----
     def set_process_counters(self, rows: dict[int, tuple[dict, Counters]]) -> None:
@@ -131,6 +235,13 @@ class Telemetry:
             unit="{switch}", description="context switches (sched:sched_switch)")
         m.create_observable_counter("mcp.process.offcpu_ns", [self._proc_obs(lambda c: [(c.offcpu_ns, {})])],
                                     unit="ns", description="time the process's threads spent switched out")
+        m.create_observable_counter("mcp.process.reclaim_stall_ns", [self._proc_obs(lambda c: [
+            (c.direct_reclaim_ns, {"mcp.reclaim.kind": "direct"}), (c.memcg_reclaim_ns, {"mcp.reclaim.kind": "memcg"})])],
+            unit="ns", description="time the process's threads stalled in reclaim")
+        m.create_observable_counter("mcp.process.reclaims", [self._proc_obs(lambda c: [
+            (c.direct_reclaims, {"mcp.reclaim.kind": "direct"}), (c.memcg_reclaims, {"mcp.reclaim.kind": "memcg"})])],
+            unit="{stall}", description="reclaim stalls of the process's threads")
+        self._reclaim_instruments(m)
         self._duration = m.create_histogram("mcp.request.duration_ms", unit="ms",
                                             description="marked request duration")
         h = self.health
@@ -156,6 +267,33 @@ class Telemetry:
             (self.stats.snapshot().get("spans_failed", 0), {"mcp.reason": "export_failed"})]),
             description="spans not delivered")
 
+    def _reclaim_instruments(self, m) -> None:
+        def obs(key):
+            def cb(options):
+                with self._lock:
+                    rows = self._reclaim.get(key, [])
+                return [Observation(v, a) for v, a in rows]
+            return [cb]
+
+        m.create_observable_counter("mcp.reclaim.stall_ns", obs("stall_ns"), unit="ns",
+                                    description="host reclaim stall time by kind (direct, memcg)")
+        m.create_observable_counter("mcp.reclaim.stalls", obs("stalls"), unit="{stall}",
+                                    description="reclaim stalls by kind and log2 bucket upper bound mcp.stall.le_ns")
+        m.create_observable_counter("mcp.reclaim.pages", obs("pages"), unit="{page}",
+                                    description="pages scanned / reclaimed by reclaimer (kswapd, direct, memcg)")
+        m.create_observable_gauge("mcp.reclaim.kswapd.active_ratio", obs("kswapd_ratio"),
+                                  description="share of the last window kswapd was awake, per NUMA node")
+        m.create_observable_gauge("mcp.reclaim.kswapd.cpu_ratio", obs("kswapd_cpu"),
+                                  description="kswapd CPU time over the last window, per node (/proc/PID/stat)")
+        m.create_observable_gauge("mcp.memory.psi.avg10", obs("psi"),
+                                  description="memory pressure stall information (some/full avg10, %), host and cgroups")
+        m.create_observable_gauge("mcp.reclaim.storm.active", obs("storm_active"),
+                                  description="1 while a reclaim storm episode is open, per scope")
+        m.create_observable_counter("mcp.cgroup.reclaim_stall_ns", obs("cgroup_stall_ns"), unit="ns",
+                                    description="reclaim stall time of the cgroup's tasks, by kind")
+        m.create_observable_counter("mcp.host.page_faults", obs("host_faults"), unit="{fault}",
+                                    description="host page faults by type (minor, major) from /proc/vmstat")
+
     def _rejected(self) -> dict[str, int]:
         out = {k: v for k, v in self.health.kernel_stats.items() if k != "rb_lost"}
         for k, v in self.health.rejected.items():
@@ -166,7 +304,11 @@ class Telemetry:
         self.tracer_provider.force_flush(int(timeout_s * 1000))
         self.meter_provider.force_flush(int(timeout_s * 1000))
 
-    def shutdown(self, timeout_s: float = 3.0) -> None:
+    def shutdown(self, timeout_s: float = 3.0, now_ns: int | None = None) -> None:
+        for st in self._storms:  # an episode still open at exit is exported, marked unfinished
+            if not st.episode.closed:
+                st.span.set_attributes({**episode_attributes(st.episode), "mcp.storm.unfinished": True})
+                st.span.end()
         self.flush(timeout_s)
         self.tracer_provider.shutdown()
         self.meter_provider.shutdown(timeout_millis=timeout_s * 1000)

@@ -4,18 +4,18 @@ Every benchmark compares conditions side by side in one run, interleaved by roun
 and reports the median of the per-round ratios with their spread: absolute times in these VMs drift by
 tens of percent between minutes, ratios taken seconds apart much less.
 
-The agent runs as a subprocess (`python -m mcp_hostagent run`), as in production: its Python threads
-do not share the benchmark's GIL, and its CPU time is read from /proc/PID/stat.
+The agent runs in the benchmark's process with its tracepoints toggled between conditions (see
+ToggledAgent); every workload runs in a child process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -79,94 +79,137 @@ def loops(binary: str, *args) -> list[float]:
 
 # ---- the agent ----
 
-class AgentProc:
-    """`mcp-agent run` as a subprocess; `with AgentProc(watch="all") as a:` waits until the probes are attached."""
+class ToggledAgent:
+    """The agent, started in this process, whose tracepoints can be detached and attached in milliseconds.
 
-    def __init__(self, watch: str = "all", env: dict[str, str] | None = None, ready_timeout_s: float = 90.0):
-        self.watch = watch
-        self.extra_env = env or {}
-        self.ready_timeout_s = ready_timeout_s
-        self.lines: list[str] = []
-        self.stopped: dict[str, int] = {}
-        self.proc: subprocess.Popen | None = None
-        self._ready = threading.Event()
+    Starting an agent takes seconds (Python imports, LLVM); the noise of these VMs drifts over seconds
+    too. So each agent is started once (compiled, maps created, its pipeline thread polling the ring
+    buffer as `mcp-agent run` does) and the benchmark switches conditions by detaching and attaching its
+    tracepoints: "no agent" is no program attached anywhere, "agent" is every probe attached, as `run`
+    leaves it. Workloads run in child processes, so they never wait for this process's GIL; the agent's
+    CPU time is that of this process's threads other than the main one (which only waits for children).
+
+        with ToggledAgent("all") as ag:
+            with ag.attached(): ...
+    """
+
+    def __init__(self, watch: str = "all", overrides: dict | None = None):
+        from mcp_hostagent.config import load_config
+        from mcp_hostagent.pipeline import Agent
+
         self._dir = tempfile.mkdtemp(prefix="mcp-bench-")
+        ov = {"export.jsonl_path": os.path.join(self._dir, "telemetry.jsonl"), "status.enabled": False,
+              "process.watch": watch}
+        ov.update(overrides or {})
+        self.watch = watch
+        self.agent = Agent(load_config(None, env={}, overrides=ov))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._probes: list[tuple[object, str, str]] = []  # (bpf, tracepoint, fn_name)
+        self.is_attached = False
 
-    def __enter__(self) -> "AgentProc":
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_AGENT_")}
-        env.update(self.extra_env)
-        cmd = [agent_python(), "-m", "mcp_hostagent", "run", "--watch", self.watch,
-               "--jsonl", os.path.join(self._dir, "telemetry.jsonl"), "--no-status", "--strict"]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, env=env, cwd=self._dir)
-        threading.Thread(target=self._read, daemon=True).start()
-        deadline = time.monotonic() + self.ready_timeout_s
-        while not self._ready.wait(0.05):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self._kill()
-                tail = " | ".join(self.lines[-5:])
-                raise RuntimeError(f"agent did not start (watch={self.watch}): {tail or 'no output'}")
-        if not any(re.search(r"probes \d+ attached, 0 missing", ln) for ln in self.lines):
-            self._kill()
-            raise RuntimeError("agent started without all its probes: " + " | ".join(self.lines[-5:]))
-        time.sleep(0.3)  # its first tick (map reads, watch scan) is start-up, not steady state
+    def __enter__(self) -> "ToggledAgent":
+        rep = self.agent.start()
+        loaded = self.agent.loaded
+        self.other_probes = []
+        for spec in self.agent.plan.enabled():  # the attached ones
+            bpf = next((x.bpf for x in loaded if x.program == spec.program), loaded[0].bpf if len(loaded) == 1 else None)
+            if spec.kind == "tracepoint" and bpf is not None:
+                self._probes.append((bpf, spec.tracepoint, spec.fn_name))
+            else:  # attached by its own module: stays attached in every condition
+                self.other_probes.append(spec.name)
+        if not any(tp == "syscalls:sys_enter_ioctl" for _, tp, _ in self._probes):
+            self.__exit__(None, None, None)
+            raise RuntimeError(f"agent started without its marker probe: {rep.plan.counts()}")
+        self.is_attached = True
+        self._thread = threading.Thread(target=self.agent.run, args=(self._stop,), daemon=True,
+                                        name=f"agent-{self.watch}")
+        self._thread.start()
+        self.detach()
         return self
 
-    def _read(self) -> None:
-        for line in self.proc.stderr:
-            line = line.rstrip("\n")
-            self.lines.append(line)
-            if "mark requests:" in line:
-                self._ready.set()
+    def probe_names(self) -> list[str]:
+        return [tp for _, tp, _ in self._probes]
 
-    def cpu_s(self) -> float:
-        """utime + stime of the agent process (all its threads), in seconds."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / HZ
+    def detach(self) -> None:
+        if self.is_attached:
+            for bpf, tp, _ in self._probes:
+                bpf.detach_tracepoint(tp.encode())
+            self.is_attached = False
 
-    def _kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self._dir, ignore_errors=True)
+    def attach(self) -> None:
+        if not self.is_attached:
+            for bpf, tp, fn in self._probes:
+                bpf.attach_tracepoint(tp=tp.encode(), fn_name=fn.encode())
+            self.is_attached = True
+
+    @contextlib.contextmanager
+    def attached(self):
+        self.attach()
+        try:
+            yield self
+        finally:
+            self.detach()
+
+    def stats(self) -> dict[str, int]:
+        h = self.agent.health
+        return {"requests": sum(h.requests.values()), "lost_kernel": h.kernel_lost(), "lost_user": h.user_lost,
+                **{k: v for k, v in h.kernel_stats.items() if v and k != "rb_lost"},
+                **{f"user_{k}": v for k, v in h.rejected.items() if v}}
 
     def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(5)
+        self.attach()  # stop() detaches what is attached, after draining
+        self.agent.stop(timeout_s=3.0)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def agent_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's threads but the main one: the agent's pipeline
+    thread and the exporters' threads."""
+    total = 0
+    me = os.getpid()
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) == me:
+            continue
         try:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGINT)
-                self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            self._kill()
-        time.sleep(0.05)  # the reader thread takes the last line
-        last = next((ln for ln in reversed(self.lines) if ln.startswith("stopped:")), "")
-        for key, pat in (("requests", r"requests (\d+)"), ("lost_kernel", r"lost kernel (\d+)"),
-                         ("lost_user", r"user (\d+)"), ("rejected", r"rejected (\d+)"),
-                         ("spans_dropped", r"dropped (\d+)")):
-            m = re.search(pat, last)
-            if m:
-                self.stopped[key] = int(m.group(1))
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:  # thread gone
+            continue
+    return total / HZ
+
+
+def wait_idle(max_s: float = 5.0) -> None:
+    """Wait until the agent's threads stop burning CPU (its backlog handled), up to max_s."""
+    deadline = time.monotonic() + max_s
+    last = agent_cpu_s()
+    while time.monotonic() < deadline:
+        time.sleep(0.15)
+        now = agent_cpu_s()
+        if now - last <= 0.015:  # at most 10% of a core over the interval: idle polling, a tick
+            return
+        last = now
 
 
 class Phase:
-    """Wall time and agent CPU over a block: `with Phase(agent) as ph: ...; ph.cpu_pct`."""
+    """Wall time and the agent's CPU time over a block: `with Phase() as ph: ...; ph.cpu_pct, ph.cpu_s`.
 
-    def __init__(self, agent: AgentProc | None):
-        self.agent = agent
-        self.cpu_pct: float | None = None
-        self.wall_s = 0.0
+    Threads that ended inside the block take their CPU time with them; the agent's threads live as
+    long as the benchmark."""
 
     def __enter__(self) -> "Phase":
         self._t0 = time.monotonic()
-        self._c0 = self.agent.cpu_s() if self.agent else 0.0
+        self._c0 = agent_cpu_s()
         return self
 
     def __exit__(self, *exc) -> None:
         self.wall_s = time.monotonic() - self._t0
-        if self.agent:
-            self.cpu_pct = 100.0 * (self.agent.cpu_s() - self._c0) / self.wall_s
+        self.cpu_s = agent_cpu_s() - self._c0
+        self.cpu_pct = 100.0 * self.cpu_s / self.wall_s
 
 
 # ---- statistics and output ----
@@ -179,6 +222,83 @@ def med(xs):
 def spread(xs) -> str:
     xs = [x for x in xs if x is not None]
     return f"{min(xs):.3g}..{max(xs):.3g}" if xs else "-"
+
+
+_TRACING_PROG_TYPES = {"2", "5", "17", "26"}  # kprobe (also uprobes), tracepoint, raw_tracepoint, tracing
+
+
+def foreign_bpf(exclude: frozenset[int] = frozenset()) -> list[str]:
+    """Other processes holding tracing BPF programs ("pid comm"): they would tax the no-agent baseline.
+
+    bcc keeps each program's fd open while attached; /proc/PID/fdinfo/FD of a program shows prog_type.
+    """
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) in exclude or int(pid) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            hit = False
+            for fd in fds:
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:bpf-prog":
+                        continue
+                    with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                        m = re.search(r"^prog_type:\s*(\d+)", f.read(), re.M)
+                    if m and m.group(1) in _TRACING_PROG_TYPES:
+                        hit = True
+                        break
+                except OSError:
+                    continue
+            if hit:
+                with open(f"/proc/{pid}/comm") as f:
+                    found.append(f"{pid} {f.read().strip()}")
+        except OSError:
+            continue
+    return found
+
+
+class Guard:
+    """Keeps other BPF tracers out of the numbers: another process holding tracing programs (a test
+    run, a second agent) taxes every condition, baseline included, and its markers reach our agent.
+
+    Before a round, wait for them to go (from a budget shared by the whole benchmark); after it, a
+    round that saw one at either end is unclean. Medians use the clean rounds when at least half are.
+    """
+
+    def __init__(self, wait_budget_s: float = 30.0):
+        self.budget_s = wait_budget_s
+        self._seen: list[str] = []
+        self.clean: list[bool] = []
+
+    def before(self) -> None:
+        self._seen = foreign_bpf()
+        if self._seen and self.budget_s > 0:
+            print(f"  waiting for {', '.join(self._seen)} to release its BPF programs...", flush=True)
+            t0 = time.monotonic()
+            while self._seen and time.monotonic() - t0 < self.budget_s:
+                time.sleep(0.5)
+                self._seen = foreign_bpf()
+            self.budget_s -= time.monotonic() - t0
+
+    def after(self) -> bool:
+        seen = self._seen or foreign_bpf()
+        self.clean.append(not seen)
+        if seen:
+            print(f"  (round unclean: tracing BPF programs held by {', '.join(seen)})", flush=True)
+        return not seen
+
+    def pick(self, rows: list) -> list:
+        """The clean rounds' rows, if at least half the rounds are clean; else all of them."""
+        keep = [r for r, ok in zip(rows, self.clean) if ok]
+        return keep if 2 * len(keep) >= len(rows) else rows
+
+    def note(self) -> str:
+        bad = self.clean.count(False)
+        if not bad:
+            return ""
+        used = "left out" if 2 * (len(self.clean) - bad) >= len(self.clean) else "KEPT (too few clean rounds)"
+        return f"warning: {bad} of {len(self.clean)} rounds ran beside another BPF tracer: {used}"
 
 
 def other_load_warning(seconds: float = 0.5) -> str | None:
@@ -214,4 +334,33 @@ def write_json(path: str | None, data: dict) -> None:
 
 def machine() -> dict:
     u = os.uname()
-    return {"kernel": u.release, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+    git = ["git", "-C", str(REPO)]
+    try:
+        head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = bool(subprocess.run(git + ["status", "--porcelain", "--", "agent", "bpf"], capture_output=True,
+                                    text=True).stdout.strip())
+    except OSError:
+        head, dirty = "", False
+    return {"kernel": u.release, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "commit": head + (" + uncommitted agent/bpf changes" if dirty else "")}
+
+
+class PyWorker:
+    """bench/_pyworker.py in a child process: `w.ask("pairs", 250, 8, 0.1)` -> numbers."""
+
+    def __enter__(self) -> "PyWorker":
+        self.proc = subprocess.Popen([agent_python(), str(BENCH / "_pyworker.py")], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, cwd=str(REPO))
+        return self
+
+    def ask(self, *cmd) -> list[float]:
+        self.proc.stdin.write(" ".join(map(str, cmd)) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"python worker died on {cmd}")
+        return [float(x) for x in line.split()]
+
+    def __exit__(self, *exc) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(10)

@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """What a request marker costs the serving thread, with and without the agent attached.
 
-Measured side by side, interleaved by rounds (no agent / agent, then agent / no agent, ...):
+Measured side by side, interleaved by rounds (no agent / agent, then agent / no agent, ...; the agent
+runs in this process, its tracepoints attached and detached between conditions, see _common.py):
   - a begin+end pair from Python (mcp_hostagent.marker.begin/end, ctypes) and from C (bench/loops.c,
     ioctl(-1, MCP_MARK_CMD, &m) with the struct from bpf/mcp_records.h);
   - the floor: one getppid() round trip into the kernel, from Python and C;
   - an ioctl that is not a marker (FIONREAD on a pipe): the agent's sys_enter_ioctl program runs on
     every ioctl of the host, and any syscall tracepoint puts every syscall on the traced slow path.
-Markers go in batches (C 1000 pairs, Python 500) with 100 ms pauses: 10,000 begins/s at most, under
-the agent's default cap of 20,000 begins/s per process, and little enough for the ring buffer to
-drain, so that every pair takes the full path (map update + two ring buffer records). The agent's
-lost counter is reported to show that it did.
+Markers go in batches (C 250 pairs, Python 125) with 50 ms pauses: 5,000 begins/s at most, under
+the agent's default cap of 20,000 begins/s per process, and little enough for the agent to drain the
+ring buffer, so that every pair takes the full path (map update + two ring buffer records). The
+agent's lost counter is reported to show that it did, and its CPU time per request.
 
 Then a flood: C pairs back to back for a moment, the agent at its default cap: what a runaway
 marker loop costs, and that the agent sheds it (rejected, lost) instead of falling over.
@@ -29,48 +30,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as c  # noqa: E402
 
 GETPPID_BATCH = 20000
+C_BATCH, PY_BATCH, PAUSE_S = 250, 125, 0.05  # at most 5,000 begins/s: under the cap, drained in time
+CAP = 20000  # requests.max_begins_per_s_per_pid, default
 
 
-def py_pairs(batch: int, nbatch: int, pause_s: float) -> list[float]:
-    from mcp_hostagent import marker
-    out = []
-    rid = marker.new_request_id() & ~((1 << 32) - 1)
-    for _ in range(nbatch):
-        t0 = time.perf_counter_ns()
-        for i in range(batch):
-            marker.begin(rid + i)
-            marker.end(rid + i)
-        out.append((time.perf_counter_ns() - t0) / batch)
-        rid += batch
-        time.sleep(pause_s)
-    return out
-
-
-def py_getppid(batch: int, nbatch: int) -> list[float]:
-    getppid = os.getppid
-    out = []
-    for _ in range(nbatch):
-        t0 = time.perf_counter_ns()
-        for _ in range(batch):
-            getppid()
-        out.append((time.perf_counter_ns() - t0) / batch)
-    return out
-
-
-def measure(binary: str, agent: c.AgentProc | None, nbatch: int) -> dict[str, float]:
-    """One condition: the median over batches (the first batch, cold, is dropped) of each metric."""
+def measure(binary: str, py: c.PyWorker, ag: c.ToggledAgent | None, nbatch: int) -> dict[str, float]:
+    """One condition: the median over batches of each metric (the first marker batch, cold, is dropped)."""
     m: dict[str, float] = {}
-    pairs = 0
-    with c.Phase(agent) as ph:
-        m["py_pair"] = c.med(py_pairs(500, nbatch + 1, 0.1)[1:])
-        m["c_pair"] = c.med(c.loops(binary, "marker", 1000, nbatch + 1, 100000)[1:])
-        pairs += 500 * (nbatch + 1) + 1000 * (nbatch + 1)
-    if agent:
-        m["agent_cpu_us_per_pair"] = ph.cpu_pct / 100 * ph.wall_s / pairs * 1e6
-        m["agent_cpu_pct"] = ph.cpu_pct
-    m["py_getppid"] = c.med(py_getppid(GETPPID_BATCH, nbatch))
-    m["c_getppid"] = c.med(c.loops(binary, "getppid", GETPPID_BATCH, nbatch))
-    m["c_ioctl"] = c.med(c.loops(binary, "ioctl", GETPPID_BATCH, nbatch))
+    with c.Phase() as ph:
+        # syscalls first: the agent is idle then, not handling the markers' records on the other CPU
+        m["py_getppid"] = c.med(py.ask("getppid", GETPPID_BATCH, nbatch))
+        m["c_getppid"] = c.med(c.loops(binary, "getppid", GETPPID_BATCH, nbatch))
+        m["c_ioctl"] = c.med(c.loops(binary, "ioctl", GETPPID_BATCH, nbatch))
+        m["py_pair"] = c.med(py.ask("pairs", PY_BATCH, nbatch + 1, PAUSE_S)[1:])
+        m["c_pair"] = c.med(c.loops(binary, "marker", C_BATCH, nbatch + 1, int(PAUSE_S * 1e6))[1:])
+        if ag:
+            c.wait_idle()  # the agent's CPU for these requests is counted here, not in the next condition
+    m["pairs"] = (PY_BATCH + C_BATCH) * (nbatch + 1)
+    m["agent_cpu_s"], m["wall_s"] = ph.cpu_s, ph.wall_s
     return m
 
 
@@ -86,13 +63,13 @@ ROWS = [  # key, label
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer, shorter rounds (~20 s)")
-    ap.add_argument("--rounds", type=int, help="rounds of (no agent, agent); default 5, --quick 3")
+    ap.add_argument("--rounds", type=int, help="rounds of (no agent, agent); default 10, --quick 4")
     ap.add_argument("--json", help="also write the results to this file")
     a = ap.parse_args(argv)
     c.require_root()
     c.ensure_project_python()
-    rounds = a.rounds or (3 if a.quick else 5)
-    nbatch = 4 if a.quick else 8
+    rounds = a.rounds or (4 if a.quick else 10)
+    nbatch = 4 if a.quick else 6
     flood_s = 0.3 if a.quick else 0.5
     warn = c.other_load_warning()
     if warn:
@@ -102,20 +79,25 @@ def main(argv=None) -> int:
 
     base: list[dict] = []
     agent: list[dict] = []
-    sessions: list[dict] = []
-    for r in range(rounds):
-        order = ("none", "agent") if r % 2 == 0 else ("agent", "none")
-        for cond in order:
-            if cond == "none":
-                base.append(measure(binary, None, nbatch))
-            else:
-                with c.AgentProc(watch="marked") as ag:
-                    agent.append(measure(binary, ag, nbatch))
-                sessions.append(ag.stopped)
-        print(f"  round {r + 1}/{rounds}: C pair {base[-1]['c_pair']:.0f} -> {agent[-1]['c_pair']:.0f} ns, "
-              f"Python pair {base[-1]['py_pair']:.0f} -> {agent[-1]['py_pair']:.0f} ns", flush=True)
+    guard = c.Guard()
+    with c.PyWorker() as py, c.ToggledAgent(watch="marked") as ag:
+        for r in range(rounds):
+            guard.before()
+            for cond in (("none", "agent") if r % 2 == 0 else ("agent", "none")):
+                if cond == "none":
+                    base.append(measure(binary, py, None, nbatch))
+                else:
+                    with ag.attached():
+                        agent.append(measure(binary, py, ag, nbatch))
+            guard.after()
+            print(f"  round {r + 1}/{rounds}: C pair {base[-1]['c_pair']:.0f} -> {agent[-1]['c_pair']:.0f} ns, "
+                  f"Python pair {base[-1]['py_pair']:.0f} -> {agent[-1]['py_pair']:.0f} ns", flush=True)
+        time.sleep(0.5)  # let the agent finish the last records before its totals are taken
+    session = ag.stats()
 
-    results = {"machine": c.machine(), "rounds": rounds, "rows": []}
+    results = {"machine": c.machine(), "rounds": rounds, "unclean_rounds": guard.clean.count(False),
+               "warning": guard.note(), "rows": []}
+    base, agent = guard.pick(base), guard.pick(agent)
     rows = []
     for key, label in ROWS:
         ratios = [b[key] / a_[key] for a_, b in zip(base, agent)]
@@ -127,36 +109,57 @@ def main(argv=None) -> int:
         rows.append([label, row["none_ns"], row["agent_ns"], row["added_ns"], row["ratio"], row["ratio_spread"]])
     c.print_table("cost per call, ns (median over rounds; ratio = agent / no agent, median of per-round ratios)",
                   ["what", "no agent", "agent", "added", "ratio", "ratio spread"], rows)
-    lost = sum(s.get("lost_kernel", 0) + s.get("lost_user", 0) for s in sessions)
-    reqs = sum(s.get("requests", 0) for s in sessions)
-    cpu_us = c.med(x["agent_cpu_us_per_pair"] for x in agent)
-    results.update(requests_seen=reqs, lost=lost, agent_cpu_us_per_pair=cpu_us,
-                   agent_cpu_pct=c.med(x["agent_cpu_pct"] for x in agent))
-    print(f"  agent: {reqs} requests ended in {len(sessions)} sessions, {lost} records lost; agent CPU "
-          f"{cpu_us:.1f} us per request (user+system, all its threads; "
-          f"{results['agent_cpu_pct']:.0f}% of a core while 10k requests/s arrive)")
+    pairs = sum(x["pairs"] for x in agent)
+    # CPU of the agent's threads over whole agent conditions (markers, then syscall loops), less what
+    # the same threads burn in the no-agent conditions (idle polling, ticks, metric export)
+    idle_cpu_s = sum(x["agent_cpu_s"] for x in base) / sum(x["wall_s"] for x in base)
+    busy = sum(x["agent_cpu_s"] - idle_cpu_s * x["wall_s"] for x in agent)
+    results.update(agent_session=session, pairs=pairs, agent_cpu_us_per_request=busy / pairs * 1e6,
+                   agent_idle_cpu_pct=100 * idle_cpu_s)
+    print(f"  agent: {pairs} pairs marked, {session['requests']} requests ended, "
+          f"{session['lost_kernel']} records lost in the kernel, {session['lost_user']} in user space; "
+          f"agent CPU {busy / pairs * 1e6:.0f} us per request (its idle {100 * idle_cpu_s:.1f}% of a core taken off)")
 
-    # the flood: back-to-back pairs from C, the agent at its default begin cap
-    flood = {"none": [], "agent": []}
-    stats = {}
-    for r in range(2):
-        for cond in (("none", "agent") if r == 0 else ("agent", "none")):
-            if cond == "none":
-                flood["none"].append(c.loops(binary, "flood", flood_s)[1])
-            else:
-                with c.AgentProc(watch="marked") as ag:
-                    with c.Phase(ag) as ph:
-                        pairs, ns = c.loops(binary, "flood", flood_s)
-                    flood["agent"].append(ns)
-                stats = dict(ag.stopped, pairs=int(pairs), agent_cpu_pct=ph.cpu_pct)
-    fr = [b / a_ for a_, b in zip(flood["none"], flood["agent"])]
-    results["flood"] = {"none_ns": c.med(flood["none"]), "agent_ns": c.med(flood["agent"]),
-                        "ratio": c.med(fr), "ratio_spread": c.spread(fr), "last_session": stats}
-    print(f"\nflood ({flood_s}s of back-to-back C pairs, default cap 20,000 begins/s per process): "
-          f"{results['flood']['none_ns']:.0f} -> {results['flood']['agent_ns']:.0f} ns per pair, ratio "
-          f"{results['flood']['ratio']:.2f} ({results['flood']['ratio_spread']}); last agent session: "
-          f"{stats.get('pairs')} pairs, {stats.get('requests')} requests ended, {stats.get('rejected')} rejected, "
-          f"{stats.get('lost_kernel')} lost in the kernel, agent CPU {stats.get('agent_cpu_pct', 0):.0f}% of a core")
+    # the flood: back-to-back pairs from C, the agent at its default begin cap, in a session of its own
+    flood: dict[str, list] = {"none": [], "agent": []}
+    fguard = c.Guard(guard.budget_s)
+    with c.ToggledAgent(watch="marked") as ag:
+        for r in range(3):
+            fguard.before()
+            for cond in (("none", "agent") if r % 2 == 0 else ("agent", "none")):
+                if cond == "none":
+                    flood["none"].append(c.loops(binary, "flood", flood_s))
+                else:
+                    with ag.attached():
+                        flood["agent"].append(c.loops(binary, "flood", flood_s))
+                        c.wait_idle()  # the agent drains the ring buffer before the next condition
+            fguard.after()
+        time.sleep(0.5)
+    fstats = ag.stats()
+    flood = {k: fguard.pick(v) for k, v in flood.items()}
+    fr = [b[1] / a_[1] for a_, b in zip(flood["none"], flood["agent"])]
+    fpairs = int(sum(x[0] for x in flood["agent"]))
+    results["flood"] = {"none_ns": c.med(x[1] for x in flood["none"]), "agent_ns": c.med(x[1] for x in flood["agent"]),
+                        "ratio": c.med(fr), "ratio_spread": c.spread(fr), "pairs": fpairs, "agent_session": fstats}
+    f = results["flood"]
+    print(f"\nflood ({flood_s}s x 3 of back-to-back C pairs; cap {CAP:,} begins/s per process): "
+          f"{f['none_ns']:.0f} -> {f['agent_ns']:.0f} ns per pair, ratio {f['ratio']:.2f} ({f['ratio_spread']})")
+    print(f"  agent: {fpairs:,} pairs marked, {fstats['requests']:,} requests ended, "
+          f"{fstats.get('begin_rate', 0):,} begins refused over the cap, "
+          f"{fstats['lost_kernel']:,} records lost (ring buffer full); all counters: {fstats}")
+    for note in (guard.note(), fguard.note() and "flood: " + fguard.note()):
+        if note:
+            print(note)
+    results["warning"] = "; ".join(x for x in (guard.note(), fguard.note()) if x)
+    results["summary"] = [
+        {"what": r["label"], "unit": "ns/call", "none": r["none_ns"], "agent": r["agent_ns"],
+         "added": r["added_ns"], "ratio": r["ratio"], "spread": r["ratio_spread"]} for r in results["rows"]
+    ] + [
+        {"what": "marker flood at the begin cap, C", "unit": "ns/pair", "none": f["none_ns"], "agent": f["agent_ns"],
+         "added": f["agent_ns"] - f["none_ns"], "ratio": f["ratio"], "spread": f["ratio_spread"]},
+        {"what": "agent CPU per marked request", "unit": "us", "none": None,
+         "agent": results["agent_cpu_us_per_request"], "added": None, "ratio": None, "spread": ""},
+    ]
     c.write_json(a.json, results)
     return 0
 

@@ -6,11 +6,15 @@
  *   loops getppid  BATCH NBATCH            ns per getppid() (the syscall floor), per batch
  *   loops ioctl    BATCH NBATCH            ns per ioctl(pipe, FIONREAD): an ioctl that is not a marker
  *   loops flood    SECONDS                 back-to-back pairs: "pairs ns_per_pair"
- *   loops faults   SECONDS MIB MARK        mmap/touch/munmap storm: "pages seconds minflt"
- *   loops pingpong SECONDS MARK CPU        two processes through pipes: "roundtrips seconds switches"
+ *   loops faults   SECONDS MIB MARK CPU    mmap/touch/munmap storm: "pages seconds minflt cpu_seconds"
+ *   loops pingpong SECONDS MARK CPU        two processes through pipes: "roundtrips seconds switches cpu_seconds"
+ *
+ * cpu_seconds is user+system time of the process(es) doing the work: BPF programs run in the context
+ * of the task that hit the tracepoint and are charged to it, while time lost to other tasks (or to
+ * other guests on the host, as far as the guest can tell) is not.
  *
  * MARK=1 wraps the work in a marked request (begin before, end after) on every thread that does it.
- * CPU>=0 pins both ping-pong processes to that CPU; -1 leaves them to the scheduler.
+ * CPU>=0 pins the storm (both ping-pong processes) to that CPU; -1 leaves it to the scheduler.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -125,16 +129,40 @@ static long minflt(void)
 	return ru.ru_minflt;
 }
 
-static int cmd_faults(double seconds, long mib, int marked)
+static double cpu_s(int who)
+{
+	struct rusage ru;
+	getrusage(who, &ru);
+	return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+static int pin(int cpu)
+{
+	cpu_set_t set;
+	if (cpu < 0)
+		return 0;
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	if (sched_setaffinity(0, sizeof(set), &set))
+		return perror("sched_setaffinity"), 1;
+	return 0;
+}
+
+static int cmd_faults(double seconds, long mib, int marked, int cpu)
 {
 	size_t len = (size_t)mib << 20, page = sysconf(_SC_PAGESIZE);
 	uint64_t id = req_id();
 	long pages = 0, f0;
 	uint64_t t0, t1, end;
 
+	double c0;
+
+	if (pin(cpu))
+		return 1;
 	if (marked)
 		mark(MCP_OP_BEGIN, id);
 	f0 = minflt();
+	c0 = cpu_s(RUSAGE_SELF);
 	t0 = now_ns();
 	end = t0 + (uint64_t)(seconds * 1e9);
 	do {
@@ -150,9 +178,10 @@ static int cmd_faults(double seconds, long mib, int marked)
 		t1 = now_ns();
 	} while (t1 < end);
 	f0 = minflt() - f0;
+	c0 = cpu_s(RUSAGE_SELF) - c0;
 	if (marked)
 		mark(MCP_OP_END, id);
-	printf("%ld %.6f %ld\n", pages, (t1 - t0) / 1e9, f0);
+	printf("%ld %.6f %ld %.6f\n", pages, (t1 - t0) / 1e9, f0, c0);
 	return 0;
 }
 
@@ -169,13 +198,8 @@ static int cmd_pingpong(double seconds, int marked, int cpu)
 	char c = 'x';
 	if (pipe(a) || pipe(b))
 		return perror("pipe"), 1;
-	if (cpu >= 0) {
-		cpu_set_t set;
-		CPU_ZERO(&set);
-		CPU_SET(cpu, &set);
-		if (sched_setaffinity(0, sizeof(set), &set))
-			return perror("sched_setaffinity"), 1;
-	}
+	if (pin(cpu))
+		return 1;
 	pid_t child = fork();
 	if (child < 0)
 		return perror("fork"), 1;
@@ -197,6 +221,7 @@ static int cmd_pingpong(double seconds, int marked, int cpu)
 	if (write(a[1], &c, 1) != 1 || read(b[0], &c, 1) != 1)
 		return perror("pingpong"), 1;
 	long s0 = switches(RUSAGE_SELF), trips = 0;
+	double c0 = cpu_s(RUSAGE_SELF);
 	uint64_t t0 = now_ns(), end = t0 + (uint64_t)(seconds * 1e9), t1;
 	do {
 		for (int i = 0; i < 64; i++, trips++)
@@ -205,14 +230,17 @@ static int cmd_pingpong(double seconds, int marked, int cpu)
 		t1 = now_ns();
 	} while (t1 < end);
 	long self = switches(RUSAGE_SELF) - s0;
+	double cself = cpu_s(RUSAGE_SELF) - c0;
 	c = 'q';
 	if (write(a[1], &c, 1) != 1)
 		return perror("pingpong"), 1;
 	waitpid(child, NULL, 0);
 	if (marked)
 		mark(MCP_OP_END, id);
-	/* the child's switches include its start and end: a few, against hundreds of thousands */
-	printf("%ld %.6f %ld\n", trips, (t1 - t0) / 1e9, self + switches(RUSAGE_CHILDREN));
+	/* the child's switches and CPU time include its start and end: a few switches and tens of
+	 * microseconds, against hundreds of thousands and a fraction of a second */
+	printf("%ld %.6f %ld %.6f\n", trips, (t1 - t0) / 1e9, self + switches(RUSAGE_CHILDREN),
+	       cself + cpu_s(RUSAGE_CHILDREN));
 	return 0;
 }
 
@@ -227,8 +255,8 @@ int main(int argc, char **argv)
 		return cmd_ioctl(atol(argv[2]), atol(argv[3]));
 	if (argc >= 3 && !strcmp(argv[1], "flood"))
 		return cmd_flood(atof(argv[2]));
-	if (argc >= 5 && !strcmp(argv[1], "faults"))
-		return cmd_faults(atof(argv[2]), atol(argv[3]), atoi(argv[4]));
+	if (argc >= 6 && !strcmp(argv[1], "faults"))
+		return cmd_faults(atof(argv[2]), atol(argv[3]), atoi(argv[4]), atoi(argv[5]));
 	if (argc >= 5 && !strcmp(argv[1], "pingpong"))
 		return cmd_pingpong(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
 	fprintf(stderr, "usage: see the comment at the top of bench/loops.c\n");

@@ -28,12 +28,39 @@ struct mcp_mark {
 	char traceparent[MCP_TRACEPARENT_LEN];
 };
 
-/* ---- counters accumulated in the kernel, per request and per process ---- */
+/* ---- counters accumulated in the kernel, per request and per process ----
+ * One struct for every probe family, so a request's END record and a process's counters carry all
+ * of them; agent/decode.py derives its Counters record from this layout. Append only. */
 struct mcp_counters {
-	__u64 faults;    /* exceptions:page_fault_user */
-	__u64 vcsw;      /* sched:sched_switch, task blocked (prev_state not running, not preempted) */
-	__u64 ivcsw;     /* sched:sched_switch, task preempted or yielded while runnable */
-	__u64 offcpu_ns; /* switched out -> switched back in */
+	/* requests.bpf.c */
+	__u64 faults;            /* exceptions:page_fault_user */
+	__u64 vcsw;              /* sched:sched_switch, task blocked (prev_state not running, not preempted) */
+	__u64 ivcsw;             /* sched:sched_switch, task preempted or yielded while runnable */
+	__u64 offcpu_ns;         /* switched out -> switched back in */
+	/* reclaim.bpf.c */
+	__u64 direct_reclaims;   /* vmscan:mm_vmscan_direct_reclaim_begin/end pairs */
+	__u64 direct_reclaim_ns;
+	__u64 memcg_reclaims;    /* vmscan:mm_vmscan_memcg_reclaim_begin/end pairs */
+	__u64 memcg_reclaim_ns;
+	__u64 reclaimed_pages;   /* nr_reclaimed of both kinds */
+	__u64 kswapd_wakeups;    /* vmscan:mm_vmscan_wakeup_kswapd caused by this task */
+	/* cuda.bpf.c (uprobes in libcuda.so) and NVIDIA ioctls */
+	__u64 cu_launch;         /* cuLaunchKernel */
+	__u64 cu_launch_ptsz;    /* cuLaunchKernel_ptsz */
+	__u64 cu_launch_ex;      /* cuLaunchKernelEx */
+	__u64 cu_launch_ex_ptsz; /* cuLaunchKernelEx_ptsz */
+	__u64 cu_graph_launch;   /* cuGraphLaunch(_ptsz) */
+	__u64 cu_ctx_ops;        /* cuCtxPushCurrent(_v2), cuCtxPopCurrent(_v2), cuCtxSetCurrent */
+	__u64 cu_ctx_ns;
+	__u64 cu_syncs;          /* cuStreamSynchronize(_ptsz), cuCtxSynchronize, cuEventSynchronize */
+	__u64 cu_sync_ns;
+	__u64 cu_allocs;         /* cuMemAlloc_v2, cuMemAllocAsync(_ptsz) */
+	__u64 cu_alloc_ns;
+	__u64 cu_frees;          /* cuMemFree_v2 */
+	__u64 cu_free_ns;
+	__u64 nv_ioctls;         /* ioctls on /dev/nvidia* */
+	__u64 nv_ioctl_ns;
+	__u64 sampled;           /* non-zero: some high-rate CUDA counts were duty-cycled (scaled) */
 };
 
 /* per-thread state of an open request (map req_by_tid) */
@@ -64,6 +91,13 @@ enum mcp_event_type {
 	MCP_EV_REQ_BEGIN = 1,
 	MCP_EV_REQ_END = 2,
 	MCP_EV_PROC_EXIT = 3,
+	MCP_EV_RECLAIM_STALL = 4, /* one direct or memcg reclaim stall over the threshold */
+	MCP_EV_KSWAPD = 5,        /* kswapd woke or went to sleep on a node */
+};
+
+enum mcp_reclaim_kind {
+	MCP_RECLAIM_DIRECT = 0,
+	MCP_RECLAIM_MEMCG = 1,
 };
 
 enum mcp_end_reason {
@@ -104,6 +138,50 @@ struct mcp_ev_proc_exit {
 	struct mcp_counters c; /* the process's final per-process counters */
 };
 
+struct mcp_ev_reclaim_stall {
+	struct mcp_hdr h;      /* the stalled thread; ts_ns = end of the stall */
+	__u64 begin_ns;
+	__u64 nr_reclaimed;
+	__u64 gfp_flags;
+	__u32 kind;            /* enum mcp_reclaim_kind */
+	__s32 order;
+	__u64 request_id;      /* the thread's open request, 0 if none */
+};
+
+struct mcp_ev_kswapd {
+	struct mcp_hdr h;      /* kswapd itself */
+	__u32 nid;
+	__u32 awake;           /* 1: kswapd_wake, 0: kswapd_sleep */
+	__s32 order;           /* at wake */
+	__u32 pad;
+};
+
+/* host-wide reclaim totals (per-CPU array reclaim_totals), by who reclaimed. Scanned/reclaimed
+ * come from vmscan:mm_vmscan_lru_shrink_inactive, the same values shrink_inactive_list() adds to
+ * /proc/vmstat pgscan_* / pgsteal_* (global reclaim only: memcg reclaim is not in vmstat). */
+enum mcp_reclaim_total {
+	MCP_RT_DIRECT_NS = 0,
+	MCP_RT_DIRECTS,
+	MCP_RT_MEMCG_NS,
+	MCP_RT_MEMCGS,
+	MCP_RT_KSWAPD_WAKEUPS,   /* mm_vmscan_wakeup_kswapd */
+	MCP_RT_SCAN_KSWAPD,
+	MCP_RT_STEAL_KSWAPD,
+	MCP_RT_SCAN_DIRECT,
+	MCP_RT_STEAL_DIRECT,
+	MCP_RT_SCAN_MEMCG,
+	MCP_RT_STEAL_MEMCG,
+	MCP_RT_MAX,
+};
+
+/* per-thread reclaim begin (map reclaim_start) */
+struct mcp_reclaim_start {
+	__u64 ts_ns;
+	__u64 gfp_flags;
+	__s32 order;
+	__u32 kind;
+};
+
 /* ---- per-CPU health counters (map stats), exported as agent metrics ---- */
 enum mcp_stat {
 	MCP_STAT_RB_LOST = 0,      /* ring buffer full: record not sent */
@@ -116,6 +194,7 @@ enum mcp_stat {
 	MCP_STAT_END_NO_BEGIN,     /* end on a thread with no open request */
 	MCP_STAT_END_MISMATCH,     /* end with another request id */
 	MCP_STAT_PROC_MAP_FULL,    /* per-process counters map full */
+	MCP_STAT_RECLAIM_NO_BEGIN, /* reclaim end on a thread with no recorded begin */
 	MCP_STAT_MAX,
 };
 

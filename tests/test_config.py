@@ -52,6 +52,8 @@ EXPECTED_KEYS = [
     "export.metric_interval_s", "export.max_queue_size", "service.name", "requests.max_open_per_pid",
     "requests.idle_expiry_s", "requests.max_begins_per_s_per_pid", "probes.strict", "probes.disable",
     "process.watch", "process.pids", "process.comms", "kernel.headers", "kernel.link_modules_build",
+    "reclaim.stall_threshold_ms", "reclaim.window_s", "reclaim.storm_kswapd_ratio",
+    "reclaim.storm_direct_ms_per_s", "reclaim.storm_memcg_ms_per_s", "reclaim.storm_close_windows",
     "status.interval_s", "status.enabled", "log.level",
 ]
 

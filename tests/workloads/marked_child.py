@@ -2,7 +2,7 @@
 process's /proc counters while it is blocked between steps (no faults or switches of its own then).
 
 Commands, one per line: `begin RID TRACEPARENT`, `end RID`, `touch N` (N first-touch page faults),
-`sleep K MS` (K voluntary switches), `spin MS` (busy loop), `thread_exit RID` (a thread begins a
+`sleep K MS` (K voluntary switches), `spin MS` (busy loop), `read PATH` (through the page cache), `thread_exit RID` (a thread begins a
 request and exits inside it), `raw MAGIC VERSION OP` (a hand-made marker), `badptr`, `exit`.
 Each command answers `ok` when done."""
 
@@ -57,6 +57,15 @@ def main() -> None:
         elif cmd == "raw":
             m = Mark(int(args[0], 0), int(args[1]), int(args[2]), 7, b"")
             libc.ioctl(-1, C["MCP_MARK_CMD"], ctypes.addressof(m))
+        elif cmd == "read":  # read a file through the page cache, 1 MiB at a time
+            with open(args[0], "rb", buffering=0) as f:
+                while f.read(1 << 20):
+                    pass
+        elif cmd == "write":  # write N MiB to a file: dirty page cache that reclaim must wait on
+            chunk = b"x" * (1 << 20)
+            with open(args[0], "wb", buffering=0) as f:
+                for _ in range(int(args[1])):
+                    f.write(chunk)
         elif cmd == "badptr":
             libc.ioctl(-1, C["MCP_MARK_CMD"], 0x10)
         elif cmd == "exit":
