@@ -354,7 +354,20 @@ class Agent:
             elif pid not in rows:
                 rows[pid] = (attrs, c)
         if self.telemetry:
-            self.telemetry.set_process_counters(rows)
+            self.telemetry.set_process_counters(rows, self._proc_faults(rows))
+
+    def _proc_faults(self, rows: dict) -> dict[int, tuple[int, int]]:
+        """pid -> (minflt, majflt) from /proc/PID/stat: the kernel's own split of major and minor
+        faults, which exceptions:page_fault_user does not give (no kprobes here)."""
+        out = {}
+        for pid in rows:
+            try:
+                with open(f"{self.proc_root}/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[pid] = (int(fields[7]), int(fields[9]))
+            except (OSError, IndexError, ValueError):  # exited since the map read
+                continue
+        return out
 
     def _refresh_watch(self) -> None:
         cfg = self.cfg

@@ -163,3 +163,59 @@ KERNEL_STATS = {
     for name, value in C.items()
     if name.startswith("MCP_STAT_") and name != "MCP_STAT_MAX"
 }
+
+
+# ---- CUDA driver calls and NVIDIA ioctls (bpf/cuda.bpf.c, agent/cuda.py) ----
+class CuPendKey(ctypes.Structure):
+    _fields_ = [("tid", u32), ("family", u32)]
+
+
+class CuPend(ctypes.Structure):
+    _fields_ = [("ts_ns", u64), ("kind", u32), ("pad", u32)]
+
+
+class CuThread(ctypes.Structure):
+    _fields_ = [("step_begin_ns", u64), ("tgid", u32), ("pad", u32), ("c", Counters)]
+
+
+class HistKey(ctypes.Structure):
+    _fields_ = [("tgid", u32), ("kind", u16), ("slot", u16)]
+
+
+class NvFdKey(ctypes.Structure):
+    _fields_ = [("tgid", u32), ("fd", u32)]
+
+
+class NvIoctlStart(ctypes.Structure):
+    _fields_ = [("ts_ns", u64), ("cmd", u32), ("dev", u32)]
+
+
+class NvCmdKey(ctypes.Structure):
+    _fields_ = [("tgid", u32), ("cmd", u32), ("dev", u32), ("pad", u32)]
+
+
+class NvCmdVal(ctypes.Structure):
+    _fields_ = [("count", u64), ("ns", u64)]
+
+
+class EvGpuStep(ctypes.Structure):
+    _fields_ = [("h", Hdr), ("begin_ns", u64), ("sync_ns", u64), ("sync_kind", u32), ("pad", u32), ("c", Counters)]
+
+
+STRUCTS.update({
+    "mcp_cu_pend_key": CuPendKey,
+    "mcp_cu_pend": CuPend,
+    "mcp_cu_thread": CuThread,
+    "mcp_hist_key": HistKey,
+    "mcp_nv_fd_key": NvFdKey,
+    "mcp_nv_ioctl_start": NvIoctlStart,
+    "mcp_nv_cmd_key": NvCmdKey,
+    "mcp_nv_cmd_val": NvCmdVal,
+    "mcp_ev_gpu_step": EvGpuStep,
+})
+
+# Not in EVENT_TYPES: agent/cuda.py decodes these (decode_step), the pipeline routes them by type.
+CUDA_EVENT_TYPES = {C["MCP_EV_GPU_STEP"]: EvGpuStep}
+SYNC_KINDS = {C["MCP_CU_SYNC_STREAM"]: "stream", C["MCP_CU_SYNC_CTX"]: "ctx", C["MCP_CU_SYNC_EVENT"]: "event"}
+HIST_KINDS = {C["MCP_HIST_CTX"]: "ctx", C["MCP_HIST_SYNC"]: "sync", C["MCP_HIST_IOCTL"]: "ioctl",
+              C["MCP_HIST_ALLOC"]: "alloc", C["MCP_HIST_FREE"]: "free"}

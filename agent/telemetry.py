@@ -136,6 +136,7 @@ class Telemetry:
         self._lock = threading.Lock()
         self._proc_rows: dict[int, tuple[dict, Counters]] = {}
         self._storms: list[StormRef] = []
+        self._proc_faults: dict[int, tuple[int, int]] = {}
         self._reclaim: dict = {}
         resource = Resource.create({
             "service.name": service_name,
@@ -212,10 +213,13 @@ class Telemetry:
             self._reclaim = dict(snap)
 
     # ---- metrics ----
-    def set_process_counters(self, rows: dict[int, tuple[dict, Counters]]) -> None:
-        """rows: pid -> (identity attributes, cumulative counters since the agent saw the process)."""
+    def set_process_counters(self, rows: dict[int, tuple[dict, Counters]],
+                             faults: dict[int, tuple[int, int]] | None = None) -> None:
+        """rows: pid -> (identity attributes, cumulative counters since the agent saw the process);
+        faults: pid -> (minflt, majflt) since the process started, from /proc/PID/stat."""
         with self._lock:
             self._proc_rows = dict(rows)
+            self._proc_faults = dict(faults or {})
 
     def _proc_obs(self, pick):
         def cb(options: CallbackOptions):
@@ -235,6 +239,14 @@ class Telemetry:
             unit="{switch}", description="context switches (sched:sched_switch)")
         m.create_observable_counter("mcp.process.offcpu_ns", [self._proc_obs(lambda c: [(c.offcpu_ns, {})])],
                                     unit="ns", description="time the process's threads spent switched out")
+        def faults_cb(options):
+            with self._lock:
+                rows = [(self._proc_rows[p][0], f) for p, f in self._proc_faults.items() if p in self._proc_rows]
+            return [Observation(v, {**a, "mcp.fault.type": t}) for a, (mn, mj) in rows
+                    for v, t in ((mn, "minor"), (mj, "major"))]
+
+        m.create_observable_counter("mcp.process.faults", [faults_cb], unit="{fault}",
+                                    description="faults by type since the process started (/proc/PID/stat)")
         m.create_observable_counter("mcp.process.reclaim_stall_ns", [self._proc_obs(lambda c: [
             (c.direct_reclaim_ns, {"mcp.reclaim.kind": "direct"}), (c.memcg_reclaim_ns, {"mcp.reclaim.kind": "memcg"})])],
             unit="ns", description="time the process's threads stalled in reclaim")
