@@ -157,9 +157,14 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, strict, 
          f"{c['missing']} missing, {c['disabled']} disabled")
     for s in rep.plan.missing():
         echo(f"  missing:  {s.spec.name}: {s.reason}" + (f" (HINT: {s.hint})" if s.hint else ""))
+    if rep.sources:
+        echo("  sources:  " + ", ".join(f"{s.name} {s.state}" + (f" ({s.reason})" if s.reason and s.state != "attached" else "")
+                                       for s in rep.sources))
     for sink in rep.sinks:
         echo(f"  export:   {sink}")
     echo("  mark requests: python -c 'from mcp_hostagent.marker import request' (docs/MARKER.md); Ctrl-C stops")
+    from .control import serve
+    ctl = serve(agent.snapshots, echo, cfg.control_socket)
 
     live = progress.tty and cfg.status_enabled
     last_plain = [0.0]
@@ -177,6 +182,8 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, strict, 
         agent.run(stop, on_tick=on_tick, duration_s=duration)
     finally:
         progress.clear()
+        if ctl is not None:
+            ctl.stop()
         flushed = agent.stop(timeout_s=3.0)
         echo("stopped: " + agent.status_line() + ("" if flushed else " | exporters did not flush within 3 s"))
 
@@ -217,6 +224,30 @@ def probes(config_path, dump):
     click.echo(f"kernel {os.uname().release}; headers: {hc.description}")
     click.echo(f"compile: {sum(x.compile_s for x in loaded):.2f}s")
     click.echo(probes_mod.render_table(plan))
+
+
+@main.command()
+@config_option
+@click.option("--socket", "socket_path", help="A running agent's control socket (default: the control.socket setting).")
+@click.option("--local", is_flag=True, help="Start the probes here even when an agent's socket answers.")
+@click.option("--interval", type=click.FloatRange(min=0.2, max=60), default=1.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--once", is_flag=True, help="Print one frame as plain text and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print one snapshot as JSON and exit.")
+@click.option("--watch", type=click.Choice(["all", "gpu", "marked"]), help="With local probes: which processes get counters (as `run --watch`).")
+def top(config_path, socket_path, local, interval, once, as_json, watch):
+    """Live view: host memory, PSI, kswapd and storms, GPUs and links, processes, findings.
+
+    Attaches to a running agent's control socket when one answers, else starts the probes here
+    (as root; nothing is exported). Keys: h help, q quit, < > sort, / filter, p pause, Enter expand.
+    """
+    from . import top as top_mod
+
+    def cfg_loader():
+        return _load(config_path, {"process.watch": watch, "status.enabled": False, "status.interval_s": interval,
+                                   "export.jsonl_path": "", "export.console": False})
+
+    sys.exit(top_mod.main(cfg_loader=cfg_loader, socket_path=socket_path, local=local, interval_s=interval,
+                          once=once, as_json=as_json))
 
 
 @main.command()

@@ -323,7 +323,11 @@ class ProcessRegistry:
         try:
             proc, start_ns = _open_process(pid, self._proc_root)
             cached = self._cache.get(pid)
-            if cached is not None and cached.start_time_ns == start_ns:
+            # exec keeps the pid and start time but changes comm and args; and for a moment inside
+            # exec (after the new mm is in place, before create_elf_tables() sets arg_start) the
+            # cmdline reads empty: a record without one is looked at again rather than trusted
+            if (cached is not None and cached.start_time_ns == start_ns and cached.command_line is not None
+                    and cached.comm == sanitize_text(proc.name())):
                 self._cache.move_to_end(pid)
                 return cached
             info = self._describe(proc, start_ns)

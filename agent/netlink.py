@@ -15,7 +15,6 @@ IFF_LOWER_UP (0x10000) / IFLA_CARRIER is the carrier; RTM_DELLINK when an interf
 from __future__ import annotations
 
 import array
-import ctypes
 import fcntl
 import logging
 import os
@@ -33,6 +32,7 @@ log = logging.getLogger("mcp_hostagent.netlink")
 IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
 RTMGRP_LINK = 0x1
 SIOCETHTOOL, ETHTOOL_GSET = 0x8946, 0x1
+NETNS_RUN_DIR = "/var/run/netns"  # where `ip netns` and pyroute2 keep named namespaces
 
 
 @dataclass(frozen=True)
@@ -184,17 +184,26 @@ class NicWatcher:
 
     # ---- the thread ----
     def _open(self) -> None:
-        from pyroute2 import IPRoute, IPRSocket
+        from pyroute2 import IPRSocket
 
-        self._sock = IPRSocket(netns=self.netns) if self.netns else IPRSocket()
+        if self.netns and not os.path.exists(os.path.join(NETNS_RUN_DIR, self.netns)):
+            raise FileNotFoundError(f"network namespace {self.netns!r} not found in {NETNS_RUN_DIR}")
+
+        # flags=0: a namespace that does not exist is an error, not created (pyroute2 defaults to O_CREAT)
+        self._sock = IPRSocket(netns=self.netns, flags=0) if self.netns else IPRSocket()
         self._sock.bind(groups=RTMGRP_LINK)
         if self.netns:
             from pyroute2 import netns as pr_netns
 
-            self._ioctl_sock = pr_netns.create_socket(self.netns, socket.AF_INET, socket.SOCK_DGRAM)
+            self._ioctl_sock = pr_netns.create_socket(self.netns, socket.AF_INET, socket.SOCK_DGRAM, flags=0)
         # the dump comes after bind, so no change between the two is missed (at worst seen twice)
-        with (IPRoute(netns=self.netns) if self.netns else IPRoute()) as ipr:
+        with self._iproute() as ipr:
             self._seed(ipr.get_links())
+
+    def _iproute(self):
+        from pyroute2 import IPRoute
+
+        return IPRoute(netns=self.netns, flags=0) if self.netns else IPRoute()
 
     def _seed(self, msgs) -> None:
         for msg in msgs:
@@ -215,7 +224,7 @@ class NicWatcher:
         try:
             self._open()
         except Exception as e:  # noqa: BLE001 - ImportError, EPERM, a namespace that is gone
-            self.state, self.reason = "degraded", f"rtnetlink link watch unavailable: {e!r}"
+            self.state, self.reason = "degraded", f"rtnetlink link watch unavailable: {e}"
             log.warning("%s", self.reason)
             self._ready.set()
             return
@@ -232,9 +241,7 @@ class NicWatcher:
                 except OSError as e:  # ENOBUFS: messages lost; re-read every link
                     self.lost += 1
                     log.warning("rtnetlink: %s; re-reading links", e)
-                    from pyroute2 import IPRoute
-
-                    with (IPRoute(netns=self.netns) if self.netns else IPRoute()) as ipr:
+                    with self._iproute() as ipr:
                         msgs = ipr.get_links()
                 for msg in msgs:
                     self._handle(msg)

@@ -16,11 +16,12 @@ Driver facts relied on (seen on an H200, driver 580.159, tests/fixtures/gpu/):
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
@@ -96,7 +97,7 @@ class Nvml:
         self._lock = threading.Lock()
         self.available: bool | None = None  # None until the first call
         self.reason: str | None = None
-        self.na_calls: dict[str, str] = {}  # "name" or "name@gpuN" -> why it reads NA
+        self.na_calls: dict[str, str] = {}  # "name[/variant]" or "name[/variant]@gpuN" -> why it reads NA
         self._logged: set[str] = set()
 
     @property
@@ -126,12 +127,13 @@ class Nvml:
                 log.warning("NVML unavailable: %s; GPU sampling off", self.reason)
             return self.available
 
-    def call(self, name: str, *args, na_key: str | None = None):
+    def call(self, name: str, *args, na_key: str | None = None, variant: str = ""):
         """pynvml.<name>(*args); NA when not supported. na_key (e.g. "gpu0") scopes "not supported" so
-        that the call (with these plain arguments) is skipped for that GPU from then on."""
+        that the call is skipped for that GPU from then on; variant names calls whose arguments pick
+        what is asked (a clock, a struct version), so that one unsupported variant skips only itself."""
         if not self.init():
             raise NvmlError(name, None, f"NVML unavailable: {self.reason}")
-        sig = name + "(" + ",".join(repr(a) for a in args if isinstance(a, (int, str))) + ")"
+        sig = f"{name}/{variant}" if variant else name
         key = f"{sig}@{na_key}" if na_key else sig
         if key in self.na_calls or sig in self.na_calls:
             return NA
@@ -282,12 +284,14 @@ def aggregate_samples(samples: list[GpuSample], pid: int | None = None) -> GpuAg
         reasons.update(dict.fromkeys(s.throttle_reasons))
     procs = [p for s in samples for p in s.processes if p.pid == pid] if pid is not None else []
     last = samples[-1]
+    util, mem_util = _vals(samples, "util_gpu_pct"), _vals(samples, "util_mem_pct")
+    sm_clock = _vals(samples, "sm_clock_mhz")
     return GpuAggregate(
         index=last.index, uuid=last.uuid, pci_bus_id=last.pci_bus_id, samples=len(samples),
-        util_gpu_mean_pct=mean(_vals(samples, "util_gpu_pct")), util_gpu_max_pct=opt(max, _vals(samples, "util_gpu_pct")),
-        util_mem_mean_pct=mean(_vals(samples, "util_mem_pct")), util_mem_max_pct=opt(max, _vals(samples, "util_mem_pct")),
+        util_gpu_mean_pct=mean(util), util_gpu_max_pct=opt(max, util),
+        util_mem_mean_pct=mean(mem_util), util_mem_max_pct=opt(max, mem_util),
         mem_used_max_bytes=opt(max, _vals(samples, "mem_used_bytes")),
-        sm_clock_min_mhz=opt(min, _vals(samples, "sm_clock_mhz")), sm_clock_max_mhz=opt(max, _vals(samples, "sm_clock_mhz")),
+        sm_clock_min_mhz=opt(min, sm_clock), sm_clock_max_mhz=opt(max, sm_clock),
         mem_clock_min_mhz=opt(min, _vals(samples, "mem_clock_mhz")), throttle_reasons=tuple(reasons),
         power_max_mw=opt(max, _vals(samples, "power_mw")), temperature_max_c=opt(max, _vals(samples, "temperature_c")),
         pcie_gen_min=opt(min, _vals(samples, "pcie_gen")), pcie_width_min=opt(min, _vals(samples, "pcie_width")),
@@ -317,9 +321,9 @@ class _Gpu:
         self.busy_since: int | None = None  # monotonic ns when the current NVML round started
         self.in_call = ""
 
-    def q(self, name: str, *args):
+    def q(self, name: str, *args, variant: str = ""):
         self.in_call = name
-        return self.nvml.call(name, self.handle, *args, na_key=self.key)
+        return self.nvml.call(name, self.handle, *args, na_key=self.key, variant=variant)
 
     def open(self) -> None:
         """(Re)acquire the handle, by UUID when known so a re-enumeration cannot swap GPUs."""
@@ -341,7 +345,7 @@ class _Gpu:
     def sample(self, t_ns: int, period_ns: int, process_util: bool) -> GpuSample:
         nv = self.nvml
         util = self.q("nvmlDeviceGetUtilizationRates")
-        mem = self.q("nvmlDeviceGetMemoryInfo", getattr(nv.module, "nvmlMemory_v2", MEMORY_V2))
+        mem = self.q("nvmlDeviceGetMemoryInfo", getattr(nv.module, "nvmlMemory_v2", MEMORY_V2), variant="v2")
         reserved = getattr(mem, "reserved", None) if mem is not NA else None
         if mem is NA:
             mem = self.q("nvmlDeviceGetMemoryInfo")  # v1: used includes the reserved memory
@@ -365,7 +369,8 @@ class _Gpu:
             util_gpu_pct=getattr(util, "gpu", None), util_mem_pct=getattr(util, "memory", None),
             mem_used_bytes=getattr(mem, "used", None), mem_total_bytes=getattr(mem, "total", None),
             mem_reserved_bytes=reserved,
-            sm_clock_mhz=self.q("nvmlDeviceGetClockInfo", CLOCK_SM), mem_clock_mhz=self.q("nvmlDeviceGetClockInfo", CLOCK_MEM),
+            sm_clock_mhz=self.q("nvmlDeviceGetClockInfo", CLOCK_SM, variant="sm"),
+            mem_clock_mhz=self.q("nvmlDeviceGetClockInfo", CLOCK_MEM, variant="mem"),
             throttle_mask=mask, throttle_reasons=decode_throttle_reasons(mask),
             power_mw=self.q("nvmlDeviceGetPowerUsage"), temperature_c=self.q("nvmlDeviceGetTemperature", 0),
             pcie_gen=self.q("nvmlDeviceGetCurrPcieLinkGeneration"), pcie_gen_max=self.gen_max,
@@ -377,7 +382,8 @@ class _Gpu:
         return sample
 
     def sample_slow(self, t_ns: int) -> None:
-        self.tput = (self.q("nvmlDeviceGetPcieThroughput", PCIE_TX), self.q("nvmlDeviceGetPcieThroughput", PCIE_RX), t_ns)
+        self.tput = (self.q("nvmlDeviceGetPcieThroughput", PCIE_TX, variant="tx"),
+                     self.q("nvmlDeviceGetPcieThroughput", PCIE_RX, variant="rx"), t_ns)
 
 
 def _pct(v):
@@ -660,7 +666,8 @@ class XidWatcher:
 
     def _device_of(self, handle):
         addr = _address(handle)
-        return next(((i, u, b) for i, h, u, b in self._handles if h is handle or _address(h) == addr), (None, None, None))
+        found = ((i, u, b) for i, h, u, b in self._handles if h is handle or _address(h) == addr)
+        return next(found, (None, None, None))
 
     def _run(self) -> None:
         errors = 0
@@ -695,8 +702,7 @@ class XidWatcher:
 
 
 def _address(handle):
-    import ctypes
-
+    """An NVML handle's address: the event's device and our handle are different ctypes objects."""
     try:
         return ctypes.cast(handle, ctypes.c_void_p).value
     except (TypeError, ctypes.ArgumentError):

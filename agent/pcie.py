@@ -112,9 +112,11 @@ class PciePoller:
     and the bridges above each, then reads their link state and AER counters: ~10 small sysfs reads per
     device, cheap enough for the pipeline's tick. rescan() re-walks the tree (hotplug, a GPU back)."""
 
-    def __init__(self, sysfs_root: str = "/sys", clock=time.monotonic_ns):
+    def __init__(self, sysfs_root: str = "/sys", clock=time.monotonic_ns, rescan_s: float = 60.0):
         self.root = sysfs_root.rstrip("/") or "/"
         self._clock = clock
+        self._rescan_ns = int(rescan_s * 1e9)
+        self._scanned_ns: int | None = None
         self._paths: dict[str, tuple[str, ...]] | None = None
         self._dirs: dict[str, str] = {}
 
@@ -151,6 +153,7 @@ class PciePoller:
                 up = os.path.dirname(up)
             paths[bdf] = tuple(chain)
         self._paths, self._dirs = paths, dirs
+        self._scanned_ns = self._clock()
         return paths
 
     def read_link(self, bdf: str, role: str) -> LinkState:
@@ -173,7 +176,9 @@ class PciePoller:
         )
 
     def poll(self) -> PcieSnapshot:
-        if self._paths is None:
+        """Link state of every GPU and bridge; the tree is re-walked every rescan_s (a GPU that fell
+        off the bus reads present=False until then, so an episode sees it go)."""
+        if self._paths is None or self._clock() - self._scanned_ns >= self._rescan_ns:
             self.rescan()
         links = {}
         for gpu, chain in self._paths.items():
@@ -428,8 +433,9 @@ def parse_format(text: str) -> TracepointFormat:
     for m in _FIELD.finditer(text):
         decl = m["decl"].strip()
         data_loc = decl.startswith("__data_loc")
-        fname = re.sub(r"\[.*?\]$", "", decl.split()[-1])
-        ctype = decl.rsplit(None, 1)[0].replace("__data_loc", "").strip()
+        last = decl.split()[-1]  # "dev", "tlp_header[4]"
+        fname = re.sub(r"\[.*?\]$", "", last)
+        ctype = decl.rsplit(None, 1)[0].replace("__data_loc", "").strip() + last[len(fname):]
         fields.append(TpField(fname, ctype, int(m["off"]), int(m["size"]), m["signed"] == "1", data_loc))
     if not fields:
         raise ValueError("no fields in tracepoint format")
@@ -444,7 +450,8 @@ _MISSING_WHY = {
 }
 
 
-def load_formats(tracefs_root: str = "/sys/kernel/tracing", names=LINK_EVENTS) -> dict[str, TracepointFormat | Unavailable]:
+def load_formats(tracefs_root: str = "/sys/kernel/tracing",
+                 names=LINK_EVENTS) -> dict[str, TracepointFormat | Unavailable]:
     """Each event's parsed format, or Unavailable with the reason (tracefs not mounted, event absent)."""
     out = {}
     events = os.path.join(tracefs_root, "events")
@@ -527,7 +534,8 @@ def iter_trace_page(page: bytes, data_offset: int = 16) -> Iterator[tuple[int, b
     as laid out by kernel/trace/ring_buffer.c: u64 time stamp, local_t commit (bytes used; the top bits
     are flags), then events with a u32 header: type_len:5, time_delta:27. type_len 1..28: data of
     type_len*4 bytes follows; 0: array[0] holds the length (itself included); 29 padding; 30 time
-    extend (delta = array[0] << 27 | time_delta); 31 absolute time stamp."""
+    extend (delta = array[0] << 27 | time_delta); 31 absolute time stamp. The time stamps are in the
+    buffer's trace_clock ("local" by default, not CLOCK_MONOTONIC: set trace_clock to "mono" to join them)."""
     ts, commit = struct.unpack_from("<QQ", page, 0)
     end = data_offset + (commit & 0xFFFFF)
     off = data_offset

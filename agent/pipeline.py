@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from . import discovery, kernel, loader, memstat, probes
 from .config import Config
 from .decode import Counters, DecodeError, Kswapd, ProcExit, ReclaimStall, ReqBegin, ReqEnd, counters_from, decode
+from .gpuhealth import GpuHealth
 from .identity import ProcessRegistry, container_from_cgroup_path
 from .join import RequestJoiner
 from .reclaim import KswapdTracker, StormDetector, Thresholds, Window
+from .snapshot import SnapshotBuilder
 from .records import C, KERNEL_STATS
 from .telemetry import AgentHealth, Telemetry
 from .timebase import Timebase
@@ -44,6 +46,7 @@ class StartReport:
     compile_s: float
     plan: probes.ProbePlan
     sinks: list[str]
+    sources: list  # gpuhealth.SourceStatus: NVML, Xid, PCIe sysfs, netlink
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -88,7 +91,8 @@ def prepare_kernel(cfg: Config) -> tuple[kernel.HeaderChoice, list[str]]:
 
 
 class Agent:
-    def __init__(self, cfg: Config, exporters: Exporters | None = None, progress=None, proc_root: str = "/proc"):
+    def __init__(self, cfg: Config, exporters: Exporters | None = None, progress=None, proc_root: str = "/proc",
+                 nvml_module=None, sysfs_root: str = "/sys"):
         self.cfg = cfg
         self.progress = progress
         self.proc_root = proc_root
@@ -104,10 +108,15 @@ class Agent:
         self.plan: probes.ProbePlan | None = None
         self._exited: dict[int, tuple[float, dict, Counters]] = {}
         self.kswapd = KswapdTracker()
+        self.proc_rows: dict[int, tuple[dict, Counters]] = {}  # the last map read, for the snapshots
+        self.snapshots = SnapshotBuilder(proc_root, to_wall=self.timebase.to_wall_ns)  # `mcp-agent top`
         self.storms: dict[str, StormDetector] = {"host": StormDetector("host", storm_thresholds(cfg))}
         self._win_start = time.monotonic_ns()
         self._win_prev: dict = {}
         self._cg_totals: dict[str, list[int]] = {}  # cgroup path -> [direct_ns, memcg_ns]
+        self.gpu = GpuHealth(enabled=cfg.gpu_enabled, nic=cfg.nic_enabled, sample_period_s=cfg.gpu_sample_period_s,
+                             slow_period_s=cfg.gpu_slow_period_s, busy_util_pct=cfg.pcie_busy_util_pct,
+                             nvml_module=nvml_module, sysfs_root=sysfs_root)
         self._next_watch = self._next_expiry = 0.0
         self._last_error_log = 0.0
         self._stopped = False
@@ -134,10 +143,15 @@ class Agent:
         self.telemetry = Telemetry(service_name=cfg.service_name, exporters=exporters, timebase=self.timebase,
                                    health=self.health, max_queue_size=cfg.export_max_queue_size,
                                    metric_interval_s=cfg.export_metric_interval_s)
+        for src in self.gpu.start():
+            self.health.probes[src.name] = src.state
+            self.health.source_reasons[src.name] = src.reason
+        self.telemetry.watch_gpus(self.gpu)
         self.bpf[b"events"].open_ring_buffer(self._on_event)
         self.tick()
         self._reclaim_window()  # baseline of the reclaim totals: the first window counts from here
-        return StartReport(hc.description, mounted, self.health.compile_s, self.plan, exporters.describe())
+        return StartReport(hc.description, mounted, self.health.compile_s, self.plan, exporters.describe(),
+                           list(self.gpu.sources.values()))
 
     def detach(self) -> None:
         for x in self.loaded:
@@ -154,6 +168,7 @@ class Agent:
             self.bpf.ring_buffer_consume()
             self._read_maps()
         self.detach()
+        self.gpu.stop()
         if self.telemetry is None:
             return True
         t = threading.Thread(target=self.telemetry.shutdown, args=(timeout_s,), daemon=True)
@@ -185,8 +200,13 @@ class Agent:
             self._expire()
             self._next_expiry = now + min(EXPIRY_SCAN_S, self.cfg.requests_idle_expiry_s / 2)
         self._read_maps()
+        if self.telemetry is not None:
+            for ep in self.gpu.tick():
+                self.telemetry.link_episode(ep)
+                self.snapshots.on_link_episode(ep)
         if time.monotonic_ns() - self._win_start >= self.cfg.reclaim_window_s * 1e9:
             self._reclaim_window()
+        self.snapshots.on_tick(self)
 
     # ---- reclaim windows ----
     def _reclaim_window(self) -> None:
@@ -331,7 +351,11 @@ class Agent:
         extra = {}
         if self.health.probes.get("kswapd_wake") == "attached":
             extra["mcp.reclaim.kswapd_overlap_ns"] = self.kswapd.active_ns(fr.begin_ns, fr.end_ns)
-        self.telemetry.emit_request(fr, self._proc_attrs(fr.tgid, fr.comm), extra)
+        extra.update(self.gpu.request_attributes(fr.tgid, fr.begin_ns, fr.end_ns))
+        self.telemetry.emit_request(fr, self._proc_attrs(fr.tgid, fr.comm), extra,
+                                    gpu_bdfs=set(self.gpu.gpus_of(fr.tgid).values()),
+                                    events=self.gpu.events_between(fr.tgid, fr.begin_ns, fr.end_ns))
+        self.snapshots.on_request(fr)
 
     # ---- maps ----
     def _read_maps(self) -> None:
@@ -353,6 +377,7 @@ class Agent:
                 del self._exited[pid]
             elif pid not in rows:
                 rows[pid] = (attrs, c)
+        self.proc_rows = rows
         if self.telemetry:
             self.telemetry.set_process_counters(rows, self._proc_faults(rows))
 

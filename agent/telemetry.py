@@ -33,7 +33,27 @@ from mcp_hostagent.exporters.counting import CountingBatchSpanProcessor
 SPAN_NAME = "mcp.request"
 STALL_SPAN = "mcp.reclaim.stall"
 STORM_SPAN = "mcp.reclaim_storm"
+LINK_SPAN = "mcp.pcie.link_episode"
 KEEP_CLOSED_STORMS = 32
+
+
+def clean(attrs: dict) -> dict:
+    """OTel attributes cannot be None: unknown values are left out."""
+    return {k: v for k, v in attrs.items() if v is not None}
+
+
+@dataclass
+class LinkRef:
+    """A PCIe link episode's span, kept so that the GPU's request spans can link to it."""
+
+    span: object
+    context: SpanContext
+    gpu_bdf: str
+    start_ns: int
+    end_ns: int | None = None
+
+    def overlaps(self, t0: int, t1: int) -> bool:
+        return self.start_ns < t1 and (self.end_ns is None or self.end_ns > t0)
 
 
 @dataclass
@@ -59,6 +79,7 @@ class AgentHealth:
     rejected: Counter = field(default_factory=Counter)  # user-space reasons
     user_lost: int = 0  # records we failed to handle
     requests: Counter = field(default_factory=Counter)  # end_reason -> count
+    source_reasons: dict[str, str] = field(default_factory=dict)  # non-BPF source -> why missing
 
     def kernel_lost(self) -> int:
         return self.kernel_stats.get("rb_lost", 0)
@@ -136,6 +157,7 @@ class Telemetry:
         self._lock = threading.Lock()
         self._proc_rows: dict[int, tuple[dict, Counters]] = {}
         self._storms: list[StormRef] = []
+        self._link_eps: dict[int, LinkRef] = {}
         self._proc_faults: dict[int, tuple[int, int]] = {}
         self._reclaim: dict = {}
         resource = Resource.create({
@@ -154,7 +176,8 @@ class Telemetry:
         self._instruments()
 
     # ---- spans ----
-    def emit_request(self, fr: FinishedRequest, proc_attrs: dict, extra: dict | None = None) -> None:
+    def emit_request(self, fr: FinishedRequest, proc_attrs: dict, extra: dict | None = None,
+                     gpu_bdfs: set[str] = frozenset(), events: list | None = None) -> None:
         ctx = None
         if fr.parent is not None:
             parent = SpanContext(fr.parent.trace_id, fr.parent.span_id, is_remote=True,
@@ -165,6 +188,9 @@ class Telemetry:
         storms = [st for st in self._storms if st.overlaps(fr.begin_ns, fr.end_ns)]
         links = [Link(st.context, {"mcp.link.type": "reclaim_storm", "mcp.storm.scope": st.episode.scope})
                  for st in storms]
+        pcie = [lr for lr in self._link_eps.values() if lr.gpu_bdf in gpu_bdfs and lr.overlaps(fr.begin_ns, fr.end_ns)]
+        links += [Link(lr.context, {"mcp.link.type": "pcie_link_episode", "mcp.pcie.gpu_bdf": lr.gpu_bdf})
+                  for lr in pcie]
         wall = self.timebase.to_wall_ns
         span = self.tracer.start_span(SPAN_NAME, context=ctx, kind=SpanKind.INTERNAL,
                                       start_time=wall(fr.begin_ns), attributes=attrs, links=links)
@@ -173,6 +199,12 @@ class Telemetry:
                                                  "mcp.storm.trace_id": f"{st.context.trace_id:032x}",
                                                  "mcp.storm.span_id": f"{st.context.span_id:016x}"},
                            timestamp=wall(max(fr.begin_ns, st.episode.start_ns)))
+        for lr in pcie:
+            span.add_event("mcp.pcie.link_episode", {"mcp.pcie.gpu_bdf": lr.gpu_bdf,
+                                                     "mcp.pcie.span_id": f"{lr.context.span_id:016x}"},
+                           timestamp=wall(max(fr.begin_ns, lr.start_ns)))
+        for name, t_ns, ev_attrs in events or ():
+            span.add_event(name, clean(ev_attrs), timestamp=wall(t_ns))
         child_ctx = trace.set_span_in_context(span)
         for stall in fr.stalls:
             self.tracer.start_span(STALL_SPAN, context=child_ctx, start_time=wall(stall.begin_ns), attributes={
@@ -206,6 +238,88 @@ class Telemetry:
 
     def open_storms(self) -> list[Episode]:
         return [st.episode for st in self._storms if not st.episode.closed]
+
+    # ---- PCIe link episodes ----
+    def link_episode(self, ep) -> None:
+        """pcie.LinkEpisode: opened -> span started at the episode's start; updated -> span event;
+        closed -> span ended. Closed ones are kept a while for request spans that end later."""
+        wall = self.timebase.to_wall_ns
+        ref = self._link_eps.get(ep.episode_id)
+        if ep.event == "opened" or ref is None:
+            span = self.tracer.start_span(LINK_SPAN, kind=SpanKind.INTERNAL, start_time=wall(ep.start_ns),
+                                          attributes=clean(ep.attributes()))
+            ref = self._link_eps[ep.episode_id] = LinkRef(span, span.get_span_context(), ep.gpu_bdf, ep.start_ns)
+        if ep.event == "updated":
+            ref.span.add_event("mcp.pcie.link_update", clean(ep.attributes()), timestamp=wall(ep.t_ns))
+        elif ep.event == "closed":
+            ref.span.set_attributes(clean(ep.attributes()))
+            ref.end_ns = ep.end_ns or ep.t_ns
+            ref.span.end(end_time=wall(ref.end_ns))
+            closed = [k for k, r in self._link_eps.items() if r.end_ns is not None]
+            for k in closed[:-KEEP_CLOSED_STORMS]:
+                del self._link_eps[k]
+
+    def watch_gpus(self, gpu) -> None:
+        """Register GPU, PCIe link and NIC metrics read from the gpuhealth sources' snapshots."""
+        m = self.meter_provider.get_meter("mcp_hostagent", __version__)
+
+        def per_gpu(fn):
+            def cb(options):
+                out = []
+                for s in gpu.sampler.snapshot().values():
+                    base = {"mcp.gpu.index": s.index, "mcp.gpu.uuid": s.uuid or "", "mcp.gpu.pci_bus_id": s.pci_bus_id or ""}
+                    for v, extra in fn(s):
+                        if v is not None:
+                            out.append(Observation(v, {**base, **extra}))
+                return out
+            return [cb]
+
+        m.create_observable_gauge("mcp.gpu.up", per_gpu(lambda s: [(int(s.up), {})]),
+                                  description="1 when the GPU answers NVML, 0 when marked down")
+        m.create_observable_gauge("mcp.gpu.utilization", per_gpu(lambda s: [
+            (s.util_gpu_pct, {"mcp.gpu.engine": "sm"}), (s.util_mem_pct, {"mcp.gpu.engine": "memory"})]), unit="%")
+        m.create_observable_gauge("mcp.gpu.memory.used_bytes", per_gpu(lambda s: [(s.mem_used_bytes, {})]), unit="By")
+        m.create_observable_gauge("mcp.gpu.clock_mhz", per_gpu(lambda s: [
+            (s.sm_clock_mhz, {"mcp.gpu.clock": "sm"}), (s.mem_clock_mhz, {"mcp.gpu.clock": "memory"})]), unit="MHz")
+        m.create_observable_gauge("mcp.gpu.power_mw", per_gpu(lambda s: [(s.power_mw, {})]), unit="mW")
+        m.create_observable_gauge("mcp.gpu.temperature_c", per_gpu(lambda s: [(s.temperature_c, {})]), unit="Cel")
+        m.create_observable_gauge("mcp.gpu.throttle", per_gpu(lambda s: [
+            (1, {"mcp.gpu.throttle_reason": r}) for r in (s.throttle_reasons or ())]),
+            description="1 per active clock throttle reason")
+        m.create_observable_gauge("mcp.gpu.pcie.link", per_gpu(lambda s: [
+            (s.pcie_gen, {"mcp.pcie.field": "gen"}), (s.pcie_gen_max, {"mcp.pcie.field": "gen_max"}),
+            (s.pcie_width, {"mcp.pcie.field": "width"}), (s.pcie_width_max, {"mcp.pcie.field": "width_max"})]),
+            description="NVML's view of the GPU's PCIe link")
+        m.create_observable_counter("mcp.gpu.pcie.replays", per_gpu(lambda s: [(s.pcie_replay_count, {})]))
+        m.create_observable_gauge("mcp.gpu.process.memory_bytes", per_gpu(lambda s: [
+            (p.used_memory_bytes, {"process.pid": p.pid}) for p in (s.processes or ())]), unit="By")
+        m.create_observable_counter("mcp.gpu.xid", [lambda options: [
+            Observation(n, {"mcp.gpu.xid": code}) for code, n in dict(gpu.xid.counts).items()]],
+            description="Xid errors by code (NVML events)")
+
+        def links(options):
+            snap = gpu.last_pcie
+            out = []
+            for bdf, st in (getattr(snap, "links", None) or {}).items():
+                base = {"mcp.pcie.bdf": bdf, "mcp.pcie.role": getattr(st, "role", "")}
+                for field_, v in (("gen", st.gen), ("gen_max", st.max_gen), ("width", st.width), ("width_max", st.max_width)):
+                    if v is not None:
+                        out.append(Observation(v, {**base, "mcp.pcie.field": field_}))
+            return out
+
+        def aer(options):
+            snap = gpu.last_pcie
+            return [Observation(st.aer.total(kind), {"mcp.pcie.bdf": bdf, "mcp.pcie.aer.kind": kind})
+                    for bdf, st in (getattr(snap, "links", None) or {}).items() if st.aer is not None
+                    for kind in ("correctable", "nonfatal", "fatal")]
+
+        m.create_observable_gauge("mcp.pcie.link", [links], description="sysfs link state of GPUs and their bridges")
+        m.create_observable_counter("mcp.pcie.aer.errors", [aer], description="AER error counts from sysfs")
+        m.create_observable_gauge("mcp.pcie.link_episode.active", [lambda options: [
+            Observation(sum(1 for r in self._link_eps.values() if r.end_ns is None), {})]])
+        m.create_observable_counter("mcp.nic.link_events", [lambda options: [
+            Observation(n, {"network.interface.name": ifn, "mcp.nic.event": kind})
+            for (ifn, kind), n in dict(gpu.nic_counts).items()]], description="NIC link events (netlink)")
 
     def set_reclaim(self, snap: dict) -> None:
         """Host reclaim snapshot from the pipeline: totals, kswapd ratios, PSI, stall histogram, cgroups."""

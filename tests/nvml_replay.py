@@ -184,5 +184,6 @@ class XidReplay(ReplayNvml):
             time.sleep(min(timeout_ms, 50) / 1000)
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
         v = rec["value"]
-        return SimpleNamespace(device=self.handles[v["device_index"]], eventType=v["eventType"], eventData=v["eventData"],
+        return SimpleNamespace(device=self.handles[v["device_index"]], eventType=v["eventType"],
+                               eventData=v["eventData"],
                                gpuInstanceId=v["gpuInstanceId"], computeInstanceId=v["computeInstanceId"])

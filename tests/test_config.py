@@ -54,7 +54,8 @@ EXPECTED_KEYS = [
     "process.watch", "process.pids", "process.comms", "kernel.headers", "kernel.link_modules_build",
     "reclaim.stall_threshold_ms", "reclaim.window_s", "reclaim.storm_kswapd_ratio",
     "reclaim.storm_direct_ms_per_s", "reclaim.storm_memcg_ms_per_s", "reclaim.storm_close_windows",
-    "status.interval_s", "status.enabled", "log.level",
+    "gpu.enabled", "gpu.sample_period_s", "gpu.slow_period_s", "pcie.busy_util_pct", "nic.enabled",
+    "status.interval_s", "status.enabled", "control.socket", "log.level",
 ]
 
 

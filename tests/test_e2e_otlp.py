@@ -208,9 +208,12 @@ def check_health_metrics(sink, child: Child, a: "AgentThread") -> None:
         assert m.resource["host.name"] == socket.gethostname()
     probes = {(attrs(p.attributes)["mcp.probe"], attrs(p.attributes)["mcp.probe.state"]): value(p)
               for p in points(latest["mcp.agent.probes"].metric)}
-    # one point per probe with the state the agent decided; every tracepoint this kernel has attached
-    assert probes == {(n, st.state): 1 for n, st in a.agent.plan.statuses.items()}
-    assert len(probes) == len(PROBES)
+    # one point per probe and per non-BPF source (NVML, PCIe sysfs, netlink) with the state the agent
+    # decided; every tracepoint this kernel has attached
+    expected = {(n, st.state): 1 for n, st in a.agent.plan.statuses.items()}
+    expected.update({(n, s.state): 1 for n, s in a.agent.gpu.sources.items()})
+    assert probes == expected
+    assert len(probes) == len(PROBES) + len(a.agent.gpu.sources)
     for p in PROBES:
         if getattr(p, "kind", "tracepoint") == "tracepoint" and tracepoint_exists(*p.tracepoint.split(":")):
             assert (p.name, "attached") in probes, f"{p.name} not attached: {sorted(probes)}"

@@ -429,6 +429,11 @@ def test_registry_child_lifecycle_never_raises():
     registry = ProcessRegistry()
     child = subprocess.Popen(["sleep", "30"])
     try:
+        # Popen returns once the vfork'd child released the parent's mm inside exec, which is before
+        # the kernel has set the new args (create_elf_tables): wait until /proc shows them
+        deadline = time.monotonic() + 5
+        while not open(f"/proc/{child.pid}/cmdline", "rb").read() and time.monotonic() < deadline:
+            time.sleep(0.001)
         live = registry.lookup(child.pid)
         assert (live.comm, live.exe_name, live.command_line) == ("sleep", "sleep", "sleep 30")
         assert live.start_time_ns > 0

@@ -207,6 +207,23 @@ def test_not_supported_is_na_and_not_asked_again():
     assert sum(1 for _, n, _ in fake.log if n == "nvmlDeviceGetPowerUsage") == 1
 
 
+def test_unsupported_process_utilisation_is_skipped_whatever_its_timestamp_argument():
+    busy_k = next(k for k, r in enumerate(STREAM["samples"]) if r["phase"] == "busy")
+    fake = ReplayNvml()
+
+    def unsupported(h, ts):
+        raise pynvml.NVMLError(NOT_SUPPORTED)
+
+    fake.hooks[("nvmlDeviceGetProcessUtilization", 0)] = unsupported
+    sampler = NvmlSampler(fake, slow_period_s=0)
+    for k in range(busy_k, busy_k + 5):
+        fake.next_sample = [k]
+        (proc,) = sampler.sample_once()[0].processes
+        assert proc.used_memory_bytes and proc.sm_util_pct is None
+    assert sum(1 for _, n, _ in fake.log if n == "nvmlDeviceGetProcessUtilization") == 1
+    assert len(sampler.nvml.na_calls) == 1
+
+
 def test_function_not_found_is_logged_once(caplog):
     fake = ReplayNvml()
 
@@ -303,7 +320,8 @@ def test_hung_call_marks_only_that_gpu_down_and_keeps_the_period():
         # sampler itself would show in every later sample: the anchored schedule keeps no slack.
         assert jitter[int(len(jitter) * 0.9) - 1] <= 5.0, f"sampler jitter (ms, sorted) {jitter}"
         assert jitter[-1] < period * 1e3 / 2, f"sampler missed a period: {jitter}"
-        assert loop[int(len(loop) * 0.99) - 1] <= 5.0, f"main loop lateness p99 {loop[int(len(loop) * 0.99) - 1]:.2f} ms"
+        p99 = loop[int(len(loop) * 0.99) - 1]
+        assert p99 <= 5.0, f"main loop lateness p99 {p99:.2f} ms"
         assert snap[0].pcie_tx_kbytes_s is not None  # the 21 ms calls did run
         assert sum(1 for _, n, g in fake.log if n == "nvmlDeviceGetPcieThroughput" and g == 0) >= 10
         release.set()

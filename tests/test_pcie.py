@@ -95,7 +95,8 @@ def test_recorded_tree_gpu_link_matches_nvml(sysroot):
     for rec in STREAM["samples"]:
         calls = rec["gpus"][0]["calls"]
         sys_link = rec["sysfs_link"][GPU]
-        assert gen_of(parse_link_speed(sys_link["current_link_speed"])) == calls["nvmlDeviceGetCurrPcieLinkGeneration"]["value"]
+        nvml_gen = calls["nvmlDeviceGetCurrPcieLinkGeneration"]["value"]
+        assert gen_of(parse_link_speed(sys_link["current_link_speed"])) == nvml_gen
         assert int(sys_link["current_link_width"]) == calls["nvmlDeviceGetCurrPcieLinkWidth"]["value"]
 
 
@@ -115,7 +116,8 @@ def _bridged(sysroot: Path) -> tuple[Path, list[Path]]:
         d = parent / bdf
         d.mkdir()
         for name, text in (("vendor", vendor), ("class", "0x060400"), ("current_link_speed", "32.0 GT/s PCIe"),
-                           ("current_link_width", "16"), ("max_link_speed", "32.0 GT/s PCIe"), ("max_link_width", "16")):
+                           ("current_link_width", "16"), ("max_link_speed", "32.0 GT/s PCIe"),
+                           ("max_link_width", "16")):
             write(d / name, text + "\n")
         (sysroot / "bus/pci/devices" / bdf).symlink_to(os.path.relpath(d, sysroot / "bus/pci/devices"))
         bridges.append(d)
@@ -350,6 +352,35 @@ def test_decode_the_real_xid_record_from_the_h200_ring_buffer():
     assert abs(ts_ns / 1e9 - float(line.split()[3].rstrip(":"))) < 1e-6  # the trace's timestamp
     assert decode_record(raw, fmt)["error_code"] == 31
     assert XID["events"][0]["value"]["eventData"] == rec.error_code  # NVML's Xid event said the same
+
+
+# A ras:aer_event format file as a kernel printed it (quoted on LKML, 2013; its "size:1;signed:0;"
+# lacks the tab, as printed). Newer kernels append u8 tlp_header_valid and u32 tlp_header[4].
+AER_EVENT_FORMAT = """name: aer_event
+ID: 877
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;signed:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:__data_loc char[] dev_name;\toffset:8;\tsize:4;\tsigned:1;
+\tfield:u32 status;\toffset:12;\tsize:4;\tsigned:0;
+\tfield:u8 severity;\toffset:16;\tsize:1;\tsigned:0;
+\tfield:u8 tlp_header_valid;\toffset:17;\tsize:1;\tsigned:0;
+\tfield:u32 tlp_header[4];\toffset:20;\tsize:16;\tsigned:0;
+"""
+
+
+def test_aer_event_format_and_record():
+    fmt = parse_format(AER_EVENT_FORMAT)
+    assert [f.name for f in fmt.fields][4:] == ["dev_name", "status", "severity", "tlp_header_valid", "tlp_header"]
+    assert fmt.field("common_preempt_count").size == 1 and fmt.field("tlp_header").ctype == "u32[4]"
+    name = b"0000:00:1c.0\0"
+    raw = bytearray(36)
+    struct.pack_into("<HxxiIIBB", raw, 0, 877, 0, 36 | len(name) << 16, 1 << 6, 2, 0)  # Bad TLP, corrected
+    rec = decode_record(bytes(raw) + name, fmt)
+    assert (rec["dev_name"], rec["status"], rec["severity"], rec["tlp_header"]) == ("0000:00:1c.0", 64, 2, bytes(16))
 
 
 def test_link_event_formats_degrade_with_a_reason(tmp_path):
