@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
 class RunningAgent:
     """An Agent running its loop on a thread, exporting spans to memory."""
 
-    def __init__(self, overrides: dict):
+    def __init__(self, overrides: dict, **agent_kwargs):
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
         from mcp_hostagent.config import load_config
@@ -55,7 +55,8 @@ class RunningAgent:
         self.cfg = load_config(None, env={}, overrides=base)
         self.memory = InMemorySpanExporter()
         stats = ExportStats()
-        self.agent = Agent(self.cfg, exporters=Exporters(CountingSpanExporter(self.memory, stats), [], stats))
+        self.agent = Agent(self.cfg, exporters=Exporters(CountingSpanExporter(self.memory, stats), [], stats),
+                           **agent_kwargs)
         self.report = self.agent.start()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self.agent.run, args=(self._stop,), daemon=True)
@@ -98,8 +99,8 @@ def agent():
 def make_agent():
     made = []
 
-    def make(**overrides):
-        a = RunningAgent({k.replace("__", "."): v for k, v in overrides.items()})
+    def make(agent_kwargs=None, **overrides):
+        a = RunningAgent({k.replace("__", "."): v for k, v in overrides.items()}, **(agent_kwargs or {}))
         made.append(a)
         return a
 
