@@ -1,0 +1,264 @@
+"""The running agent's local control socket: snapshots for `mcp-agent top` and scripts.
+
+A Unix stream socket (setting control.socket: default /run/mcp-hostagent/agent.sock), mode
+0660: root and the socket's group may connect; there is no TCP listener. Requests and answers are
+newline-delimited JSON, one answer line per request line, on a connection the client may keep:
+
+    {"op": "ping"}      -> {"ok": true, "pid": ..., "version": ...}
+    {"op": "snapshot"}  -> the latest snapshot.Snapshot as JSON (a bare `snapshot` line works too)
+
+The server only reads SnapshotBuilder.latest_json(): serving a client never touches BPF, NVML or the
+pipeline's thread. Clients are bounded (count, request size, idle time), so a stuck or hostile one
+costs one thread until its timeout and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import stat
+import threading
+
+from . import __version__
+from .snapshot import Snapshot
+
+log = logging.getLogger("mcp_hostagent")
+
+DEFAULT_SOCKET = "/run/mcp-hostagent/agent.sock"  # the control.socket setting's default
+MAX_REQUEST = 4096
+MAX_ANSWER = 64 << 20
+
+
+class ControlError(RuntimeError):
+    """One line, with a hint where there is one."""
+
+
+def _connect(path: str, timeout_s: float) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout_s)
+    try:
+        s.connect(path)
+    except FileNotFoundError:
+        s.close()
+        raise ControlError(f"no agent socket at {path} (is `mcp-agent run` running?)") from None
+    except PermissionError:
+        s.close()
+        raise ControlError(f"permission denied on {path}; HINT: run as root or as a member of its group") from None
+    except ConnectionRefusedError:
+        s.close()
+        raise ControlError(f"nothing listens on {path} (a stale socket: the agent is not running)") from None
+    except OSError as e:
+        s.close()
+        raise ControlError(f"connect {path}: {e.strerror or e}") from None
+    return s
+
+
+class ControlServer:
+    def __init__(self, builder, path: str | None = None, mode: int = 0o660, max_clients: int = 8,
+                 idle_timeout_s: float = 30.0):
+        self.builder = builder
+        self.path = path or DEFAULT_SOCKET
+        self.mode = mode
+        self.idle_timeout_s = idle_timeout_s
+        self._slots = threading.BoundedSemaphore(max_clients)
+        self._sock: socket.socket | None = None
+        self._ino: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.served = 0
+
+    def start(self) -> None:
+        """Bind and serve on a thread. Raises ControlError when another agent already answers there."""
+        d = os.path.dirname(self.path) or "."
+        os.makedirs(d, mode=0o755, exist_ok=True)
+        if os.path.lexists(self.path):
+            st = os.lstat(self.path)
+            if not stat.S_ISSOCK(st.st_mode):
+                raise ControlError(f"{self.path} exists and is not a socket; not replacing it")
+            try:
+                _connect(self.path, 0.5).close()
+            except ControlError:
+                pass  # stale: replaced by the rename below
+            else:
+                raise ControlError(f"another agent already serves {self.path}")
+        # Bind under a temporary name, set the mode, then rename over the final name: the socket is
+        # never reachable with the umask's mode, and os.umask (process-wide) is left alone.
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(tmp)
+            os.chmod(tmp, self.mode)
+            os.rename(tmp, self.path)
+            s.listen(16)
+        except OSError as e:
+            s.close()
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            raise ControlError(f"control socket {self.path}: {e.strerror or e}") from None
+        s.settimeout(0.5)  # accept() wakes to see stop()
+        self._ino = os.stat(self.path).st_ino
+        self._sock = s
+        self._thread = threading.Thread(target=self._accept_loop, name="mcp-control", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        try:  # only our own socket: another agent may have replaced it since
+            if self._ino is not None and os.stat(self.path).st_ino == self._ino:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    return
+                continue
+            if not self._slots.acquire(blocking=False):
+                try:
+                    conn.sendall(b'{"error":"too many clients"}\n')
+                finally:
+                    conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="mcp-control-client", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(self.idle_timeout_s)
+            buf = b""
+            while not self._stop.is_set():
+                while b"\n" not in buf:
+                    if len(buf) > MAX_REQUEST:
+                        conn.sendall(b'{"error":"request too long"}\n')
+                        return
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        return
+                    buf += chunk
+                line, buf = buf.split(b"\n", 1)
+                conn.sendall(self.answer(line))
+        except OSError:  # timeout, reset, broken pipe: the client's problem, not the agent's
+            pass
+        finally:
+            conn.close()
+            self._slots.release()
+
+    def answer(self, line: bytes) -> bytes:
+        text = line.strip()
+        op = None
+        if text.startswith(b"{"):
+            try:
+                req = json.loads(text)
+                op = req.get("op") if isinstance(req, dict) else None
+            except ValueError:
+                return b'{"error":"bad JSON"}\n'
+        elif text:
+            op = text.decode("ascii", "replace")
+        if op == "snapshot":
+            self.served += 1
+            return self.builder.latest_json()
+        if op == "ping":
+            return json.dumps({"ok": True, "pid": os.getpid(), "version": __version__}).encode() + b"\n"
+        return json.dumps({"error": "unknown op", "ops": ["ping", "snapshot"]}).encode() + b"\n"
+
+
+class ControlClient:
+    """One connection, reused for every request; reconnects once when the agent restarted."""
+
+    def __init__(self, path: str | None = None, timeout_s: float = 2.0):
+        self.path = path or DEFAULT_SOCKET
+        self.timeout_s = timeout_s
+        self._sock: socket.socket | None = None
+        self._buf = b""
+
+    def request(self, op: str) -> dict:
+        for attempt in (0, 1):
+            if self._sock is None:
+                self._sock = _connect(self.path, self.timeout_s)
+                self._buf = b""
+            try:
+                self._sock.sendall(json.dumps({"op": op}).encode() + b"\n")
+                line = self._readline()
+            except (OSError, ControlError) as e:
+                self.close()
+                if attempt:
+                    raise ControlError(f"{self.path}: {getattr(e, 'strerror', None) or e}") from None
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                raise ControlError(f"{self.path}: not a JSON answer") from None
+            if isinstance(obj, dict) and "error" in obj and len(obj) <= 2:
+                raise ControlError(f"{self.path}: agent says: {obj['error']}")
+            return obj
+        raise AssertionError("unreachable")
+
+    def _readline(self) -> bytes:
+        while b"\n" not in self._buf:
+            if len(self._buf) > MAX_ANSWER:
+                raise ControlError("answer too long")
+            chunk = self._sock.recv(1 << 16)
+            if not chunk:
+                raise ControlError("connection closed by the agent")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
+
+    def ping(self) -> dict:
+        return self.request("ping")
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot.from_dict(self.request("snapshot")).with_source("socket")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def fetch_snapshot(path: str | None = None, timeout_s: float = 2.0) -> Snapshot:
+    """The running agent's latest snapshot (source "socket"); ControlError when none answers."""
+    c = ControlClient(path, timeout_s)
+    try:
+        return c.snapshot()
+    finally:
+        c.close()
+
+
+def agent_answers(path: str | None = None, timeout_s: float = 1.0) -> bool:
+    c = ControlClient(path, timeout_s)
+    try:
+        return bool(c.ping().get("ok"))
+    except ControlError:
+        return False
+    finally:
+        c.close()
+
+
+def serve(builder, echo, path: str) -> ControlServer | None:
+    """Start serving for `mcp-agent run`: one line on what happened; a failure costs the socket only."""
+    if not path:
+        echo('  control:  off (control.socket = "")')
+        return None
+    srv = ControlServer(builder, path)
+    try:
+        srv.start()
+    except (ControlError, OSError) as e:
+        echo(f"  control:  not served: {e}")
+        return None
+    echo(f"  control:  {srv.path} (mode {srv.mode:04o}; `mcp-agent top` attaches here)")
+    return srv
