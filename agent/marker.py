@@ -6,7 +6,7 @@ Wire format (language-agnostic, docs/MARKER.md): fill `struct mcp_mark` from bpf
 and call ioctl(-1, 0x4048eb01, &mark). The call fails at once with EBADF (fd -1 is never open);
 the agent's syscalls:sys_enter_ioctl program has read the struct before the kernel looked at the fd.
 Nothing is compiled and no library is loaded beyond libc; without the agent it costs one failed
-syscall (~1.5 us in these VMs). The kernel supplies the thread id, so a process marks only itself.
+syscall (~0.1 us from C; with the agent ~0.8 us, docs/PERFORMANCE.md). The kernel supplies the thread id, so a process marks only itself.
 
     from mcp_hostagent.marker import request
     with request(traceparent=headers.get("traceparent")):

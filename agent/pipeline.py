@@ -32,7 +32,8 @@ log = logging.getLogger("mcp_hostagent")
 
 WATCH_SCAN_S = 5.0
 EXPIRY_SCAN_S = 5.0
-EXITED_KEEP_S = 30.0  # keep an exited process's final counters for a couple of metric exports
+EXITED_KEEP_S = 30.0
+IDENTITY_TTL_S = 1.0  # keep an exited process's final counters for a couple of metric exports
 
 
 class StartError(RuntimeError):
@@ -107,6 +108,7 @@ class Agent:
         self.telemetry: Telemetry | None = None
         self.plan: probes.ProbePlan | None = None
         self._exited: dict[int, tuple[float, dict, Counters]] = {}
+        self._attrs_cache: dict[int, tuple[float, dict]] = {}
         self.kswapd = KswapdTracker()
         self.proc_rows: dict[int, tuple[dict, Counters]] = {}  # the last map read, for the snapshots
         self.snapshots = SnapshotBuilder(proc_root, to_wall=self.timebase.to_wall_ns)  # `mcp-agent top`
@@ -330,7 +332,7 @@ class Agent:
     def _handle(self, rec) -> None:
         if isinstance(rec, ReqBegin):
             self.joiner.on_begin(rec)
-            self.registry.lookup(rec.hdr.tgid, rec.hdr.comm)  # while it surely lives
+            self._proc_attrs(rec.hdr.tgid, rec.hdr.comm)  # while it surely lives
         elif isinstance(rec, ReqEnd):
             self._emit(self.joiner.on_end(rec))
         elif isinstance(rec, ReclaimStall):
@@ -343,9 +345,22 @@ class Agent:
             attrs = self._proc_attrs(rec.hdr.tgid, rec.hdr.comm)
             self._exited[rec.hdr.tgid] = (time.monotonic() + EXITED_KEEP_S, attrs, rec.counters)
             self.registry.forget(rec.hdr.tgid)
+            self._attrs_cache.pop(rec.hdr.tgid, None)
 
     def _proc_attrs(self, pid: int, comm: bytes = b"") -> dict:
-        return self.registry.attributes(self.registry.lookup(pid, comm))
+        """Identity attributes, looked up (psutil, /proc) at most once per IDENTITY_TTL_S per pid: a
+        lookup costs ~150 us, and a serving process ends hundreds of requests a second. Process exit
+        drops the entry (PROC_EXIT), and the registry's (pid, start time) check catches pid reuse at
+        the next refresh."""
+        now = time.monotonic()
+        hit = self._attrs_cache.get(pid)
+        if hit is not None and now - hit[0] < IDENTITY_TTL_S:
+            return hit[1]
+        attrs = self.registry.attributes(self.registry.lookup(pid, comm))
+        if len(self._attrs_cache) >= 8192:
+            self._attrs_cache.clear()
+        self._attrs_cache[pid] = (now, attrs)
+        return attrs
 
     def _emit(self, fr) -> None:
         extra = {}

@@ -1,4 +1,4 @@
-"""Shared by the benchmarks: root check, the native loops, the agent as a subprocess, statistics.
+"""Shared by the benchmarks: root check, the native loops, the toggled agent, statistics, output.
 
 Every benchmark compares conditions side by side in one run, interleaved by rounds (A B, B A, A B ...),
 and reports the median of the per-round ratios with their spread: absolute times in these VMs drift by
@@ -113,11 +113,15 @@ class ToggledAgent:
         loaded = self.agent.loaded
         self.other_probes = []
         for spec in self.agent.plan.enabled():  # the attached ones
-            bpf = next((x.bpf for x in loaded if x.program == spec.program), loaded[0].bpf if len(loaded) == 1 else None)
+            only = loaded[0].bpf if len(loaded) == 1 else None  # one compiled unit holds every probe
+            bpf = next((x.bpf for x in loaded if x.program == spec.program), only)
             if spec.kind == "tracepoint" and bpf is not None:
                 self._probes.append((bpf, spec.tracepoint, spec.fn_name))
             else:  # attached by its own module: stays attached in every condition
                 self.other_probes.append(spec.name)
+        if self.other_probes:
+            print(f"  note: {', '.join(self.other_probes)} stay attached in every condition (not tracepoints)",
+                  flush=True)
         if not any(tp == "syscalls:sys_enter_ioctl" for _, tp, _ in self._probes):
             self.__exit__(None, None, None)
             raise RuntimeError(f"agent started without its marker probe: {rep.plan.counts()}")
@@ -132,9 +136,14 @@ class ToggledAgent:
         return [tp for _, tp, _ in self._probes]
 
     def detach(self) -> None:
+        # Each detach waits for an RCU grace period (~75 ms here); in parallel they share them.
         if self.is_attached:
-            for bpf, tp, _ in self._probes:
-                bpf.detach_tracepoint(tp.encode())
+            threads = [threading.Thread(target=bpf.detach_tracepoint, args=(tp.encode(),))
+                       for bpf, tp, _ in self._probes]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
             self.is_attached = False
 
     def attach(self) -> None:
@@ -151,6 +160,16 @@ class ToggledAgent:
         finally:
             self.detach()
 
+    def prog_runs(self) -> dict[str, tuple[int, int]]:
+        """{tracepoint: (run_cnt, run_time_ns)} of each probe's program, from its fdinfo; both stay 0
+        unless kernel.bpf_stats_enabled is on (see bpf_run_stats)."""
+        out = {}
+        for bpf, tp, fn in self._probes:
+            with open(f"/proc/self/fdinfo/{bpf.funcs[fn.encode()].fd}") as f:
+                info = dict(ln.split(":\t", 1) for ln in f.read().splitlines() if ":\t" in ln)
+            out[tp] = (int(info.get("run_cnt", 0)), int(info.get("run_time_ns", 0)))
+        return out
+
     def stats(self) -> dict[str, int]:
         h = self.agent.health
         return {"requests": sum(h.requests.values()), "lost_kernel": h.kernel_lost(), "lost_user": h.user_lost,
@@ -161,9 +180,34 @@ class ToggledAgent:
         self._stop.set()
         if self._thread:
             self._thread.join(5)
-        self.attach()  # stop() detaches what is attached, after draining
-        self.agent.stop(timeout_s=3.0)
+        self.agent.stop(timeout_s=3.0)  # drains, then detaches whatever is still attached
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def bpf_run_stats():
+    """kernel.bpf_stats_enabled on for the block: the kernel then times every BPF program run (two
+    clock reads each, so it is kept out of the timed comparisons)."""
+    path = "/proc/sys/kernel/bpf_stats_enabled"
+    with open(path) as f:
+        old = f.read().strip()
+    with open(path, "w") as f:
+        f.write("1")
+    try:
+        yield
+    finally:
+        with open(path, "w") as f:
+            f.write(old)
+
+
+def runs_delta(before: dict, after: dict) -> dict[str, tuple[int, float]]:
+    """{tracepoint: (runs, ns per run)} between two prog_runs() snapshots, for programs that ran."""
+    out = {}
+    for tp, (n1, t1) in after.items():
+        n0, t0 = before.get(tp, (0, 0))
+        if n1 > n0:
+            out[tp] = (n1 - n0, (t1 - t0) / (n1 - n0))
+    return out
 
 
 def agent_cpu_s() -> float:

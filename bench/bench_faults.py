@@ -2,8 +2,9 @@
 """What the agent's high-rate probes cost: a page-fault storm and a context-switch storm.
 
 Page faults (exceptions:page_fault_user runs on every user fault of the host): a child process
-(bench/loops.c `faults`, pinned to one CPU) mmaps 64 MiB anonymous with MADV_NOHUGEPAGE, writes one byte per 4 KiB page
-(one first-touch fault each) and munmaps, over and over; faults/s is the throughput. Conditions:
+(bench/loops.c `faults`, pinned to one CPU) mmaps 64 MiB anonymous with MADV_NOHUGEPAGE, writes one
+byte per 4 KiB page (one first-touch fault each) and munmaps, over and over; faults/s is the
+throughput, checked against the kernel's minor-fault count. Conditions:
   a   no agent
   b0  agent --watch marked, the storm process not watched: the probe runs and finds nothing to count
   b   agent --watch all: per-process counters
@@ -15,9 +16,10 @@ one CPU, now on two with an IPI per wake-up, and its rate swings by 3x between r
 
 Both agents (watch=all, watch=marked) are started once, in this process, and their tracepoints are
 attached only for the conditions that need them (see _common.ToggledAgent). Each round runs every
-condition in turn (the order reverses every round); per-round ratios to (a), their median and spread
-are reported, with the added cost per event, 1/rate_x - 1/rate_a, and the agent's CPU time (its
-threads' utime+stime) during each storm, in % of one core.
+condition in turn, grouped by the agent it needs (the order reverses every round). Reported: the
+median of per-round ratios to (a) and their spread; the added cost per event, 1/rate_x - 1/rate_a,
+and the same from the storm's own CPU time; the agent's CPU (its threads' utime+stime) during the
+storms, in % of one core; and, from one pass with kernel.bpf_stats_enabled, each program's own time.
 
     sudo .venv/bin/python bench/bench_faults.py [--quick] [--rounds N] [--json PATH]
 """
@@ -25,6 +27,7 @@ threads' utime+stime) during each storm, in % of one core.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -62,18 +65,18 @@ def run_storm(binary: str, seconds: float, args: tuple) -> dict:
         # the kernel's own count must agree: one minor fault per page touched, no THP
         raise RuntimeError(f"fault storm: {events:.0f} pages touched but {check:.0f} minor faults")
     # check: faults, the kernel's minor fault count; switches, voluntary + involuntary of both processes
-    return {"rate": check / wall, "cpu_ns": cpu / check * 1e9, "agent_cpu_pct": ph.cpu_pct}
+    return {"rate": check / wall, "cpu_ns": cpu / check * 1e9, "agent_cpu_s": ph.cpu_s, "wall_s": ph.wall_s}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer, shorter rounds (~25 s)")
-    ap.add_argument("--rounds", type=int, help="rounds over all conditions; default 20, --quick 8")
+    ap.add_argument("--rounds", type=int, help="rounds over all conditions; default 16, --quick 6")
     ap.add_argument("--json", help="also write the results to this file")
     a = ap.parse_args(argv)
     c.require_root()
     c.ensure_project_python()
-    rounds = a.rounds or (8 if a.quick else 20)
+    rounds = a.rounds or (6 if a.quick else 16)
     fault_s = 0.12 if a.quick else 0.2
     switch_s = 0.1 if a.quick else 0.15
     warn = c.other_load_warning()
@@ -86,17 +89,17 @@ def main(argv=None) -> int:
     work = [("faults", k, w, args, fault_s) for k, (w, args) in FAULTS.items()]
     work += [("switches", k, w, args, switch_s) for k, (w, args) in SWITCHES.items()]
     res: dict[tuple[str, str], list[dict]] = {}
-    guard = c.Guard()
+    guard = c.Guard(10.0 if a.quick else 30.0)
     with c.ToggledAgent("all") as ag_all, c.ToggledAgent("marked") as ag_marked:
         agents = {None: None, "all": ag_all, "marked": ag_marked}
+        # conditions grouped by the agent they need: a detach costs ~0.5 s (RCU grace periods)
+        groups = [[x for x in work if x[2] == w] for w in agents]
         for r in range(rounds):
             guard.before()
-            for kind, key, watch, args, secs in (work if r % 2 == 0 else work[::-1]):
-                ag = agents[watch]
-                if ag is None:
-                    res.setdefault((kind, key), []).append(run_storm(binary, secs, args))
-                else:
-                    with ag.attached():
+            for items in (groups if r % 2 == 0 else [g[::-1] for g in groups[::-1]]):
+                ag = agents[items[0][2]]
+                with (ag.attached() if ag else contextlib.nullcontext()):
+                    for kind, key, _, args, secs in items:
                         res.setdefault((kind, key), []).append(run_storm(binary, secs, args))
             guard.after()
             fa, fb = res[("faults", "a")][-1]["rate"], res[("faults", "b")][-1]["rate"]
@@ -104,6 +107,18 @@ def main(argv=None) -> int:
             print(f"  round {r + 1}/{rounds}: faults/s {fa:,.0f} -> {fb:,.0f} (watch=all); "
                   f"switches/s {sa:,.0f} -> {sb:,.0f}", flush=True)
         stats = {"all": ag_all.stats(), "marked": ag_marked.stats()}
+        # the programs' own run time, per run, from the kernel's BPF statistics (a separate pass:
+        # the statistics cost two clock reads per run)
+        prog = {}
+        with c.bpf_run_stats():
+            for kind, key, watch, args, secs in work:
+                ag = agents[watch]
+                if ag is None:
+                    continue
+                with ag.attached():
+                    before = ag.prog_runs()
+                    run_storm(binary, secs, args)
+                    prog[(kind, key)] = c.runs_delta(before, ag.prog_runs())
 
     results = {"machine": c.machine(), "rounds": rounds, "unclean_rounds": guard.clean.count(False),
                "warning": guard.note(), "agent_sessions": stats}
@@ -122,7 +137,9 @@ def main(argv=None) -> int:
                    "cpu_ns": c.med(x["cpu_ns"] for x in xs),
                    "added_cpu_ns": None if key == base_key else c.med(added_cpu),
                    "added_cpu_spread": None if key == base_key else c.spread(added_cpu),
-                   "agent_cpu_pct": None if key == base_key else c.med(x["agent_cpu_pct"] for x in xs)}
+                   # over all of the condition's storms: one storm is too short for 10 ms CPU ticks
+                   "agent_cpu_pct": None if key == base_key else
+                   100 * sum(x["agent_cpu_s"] for x in xs) / sum(x["wall_s"] for x in xs)}
             out.append(row)
             dash = lambda v, f: "-" if v is None else f.format(v)  # noqa: E731
             rows.append([row["label"], f"{row['rate']:,.0f}", row["ratio"], row["ratio_spread"],
@@ -133,6 +150,16 @@ def main(argv=None) -> int:
                       f"added = 1/rate - 1/rate(no agent), per round; CPU = the storm's own CPU time per {unit}",
                       ["condition", f"{unit}es/s" if unit == "switch" else f"{unit}s/s", "ratio", "spread",
                        "added ns", f"CPU ns/{unit}", "added CPU ns", "spread", "agent CPU %"], rows)
+    print("  agent CPU %: the agent's threads during that condition's storms, all rounds together, % of one core")
+    hot = {"faults": "exceptions:page_fault_user", "switches": "sched:sched_switch"}
+    rows = []
+    results["bpf_prog_ns"] = {}
+    for (kind, key), d in prog.items():
+        runs, ns = d.get(hot[kind], (0, float("nan")))
+        results["bpf_prog_ns"][f"{kind}:{key}"] = {tp: {"runs": n, "ns_per_run": t} for tp, (n, t) in d.items()}
+        rows.append([f"{kind}: {LABELS[key][3:]}", hot[kind], f"{runs:,}", f"{ns:.0f}"])
+    c.print_table("the agent's BPF programs alone: ns per run (kernel.bpf_stats_enabled, one storm each; "
+                  "the tracepoint's own dispatch is not in it)", ["storm", "program", "runs", "ns/run"], rows)
     print(f"  agent sessions (requests ended, records lost): "
           + "; ".join(f"watch={w}: {st['requests']}, {st['lost_kernel'] + st['lost_user']}" for w, st in stats.items()))
     if guard.note():

@@ -79,7 +79,7 @@ def main(argv=None) -> int:
 
     base: list[dict] = []
     agent: list[dict] = []
-    guard = c.Guard()
+    guard = c.Guard(10.0 if a.quick else 30.0)
     with c.PyWorker() as py, c.ToggledAgent(watch="marked") as ag:
         for r in range(rounds):
             guard.before()
@@ -92,11 +92,22 @@ def main(argv=None) -> int:
             guard.after()
             print(f"  round {r + 1}/{rounds}: C pair {base[-1]['c_pair']:.0f} -> {agent[-1]['c_pair']:.0f} ns, "
                   f"Python pair {base[-1]['py_pair']:.0f} -> {agent[-1]['py_pair']:.0f} ns", flush=True)
+        # the marker program's own run time, from the kernel's BPF statistics (a pass of its own: the
+        # statistics cost two clock reads per run)
+        prog = {}
+        with c.bpf_run_stats(), ag.attached():
+            for what, args in (("marker pairs, C", ("marker", C_BATCH, 2, int(PAUSE_S * 1e6))),
+                               ("other ioctls, C", ("ioctl", GETPPID_BATCH, 2))):
+                before = ag.prog_runs()
+                c.loops(binary, *args)
+                prog[what] = c.runs_delta(before, ag.prog_runs()).get("syscalls:sys_enter_ioctl", (0, float("nan")))
+            c.wait_idle()
         time.sleep(0.5)  # let the agent finish the last records before its totals are taken
     session = ag.stats()
 
     results = {"machine": c.machine(), "rounds": rounds, "unclean_rounds": guard.clean.count(False),
                "warning": guard.note(), "rows": []}
+    all_pairs = sum(x["pairs"] for x in agent)  # every round: the agent's counters cover them all
     base, agent = guard.pick(base), guard.pick(agent)
     rows = []
     for key, label in ROWS:
@@ -109,6 +120,9 @@ def main(argv=None) -> int:
         rows.append([label, row["none_ns"], row["agent_ns"], row["added_ns"], row["ratio"], row["ratio_spread"]])
     c.print_table("cost per call, ns (median over rounds; ratio = agent / no agent, median of per-round ratios)",
                   ["what", "no agent", "agent", "added", "ratio", "ratio spread"], rows)
+    results["bpf_prog_ns"] = {k: {"runs": n, "ns_per_run": t} for k, (n, t) in prog.items()}
+    print("  sys_enter_ioctl program alone (kernel.bpf_stats_enabled): "
+          + "; ".join(f"{k}: {t:.0f} ns per run ({n:,} runs)" for k, (n, t) in prog.items()))
     pairs = sum(x["pairs"] for x in agent)
     # CPU of the agent's threads over whole agent conditions (markers, then syscall loops), less what
     # the same threads burn in the no-agent conditions (idle polling, ticks, metric export)
@@ -116,7 +130,8 @@ def main(argv=None) -> int:
     busy = sum(x["agent_cpu_s"] - idle_cpu_s * x["wall_s"] for x in agent)
     results.update(agent_session=session, pairs=pairs, agent_cpu_us_per_request=busy / pairs * 1e6,
                    agent_idle_cpu_pct=100 * idle_cpu_s)
-    print(f"  agent: {pairs} pairs marked, {session['requests']} requests ended, "
+    print(f"  agent: {all_pairs} pairs marked (+{2 * C_BATCH} in the statistics pass), "
+          f"{session['requests']} requests ended, "
           f"{session['lost_kernel']} records lost in the kernel, {session['lost_user']} in user space; "
           f"agent CPU {busy / pairs * 1e6:.0f} us per request (its idle {100 * idle_cpu_s:.1f}% of a core taken off)")
 
@@ -136,9 +151,9 @@ def main(argv=None) -> int:
             fguard.after()
         time.sleep(0.5)
     fstats = ag.stats()
+    fpairs = int(sum(x[0] for x in flood["agent"]))  # every round, as the agent's counters
     flood = {k: fguard.pick(v) for k, v in flood.items()}
     fr = [b[1] / a_[1] for a_, b in zip(flood["none"], flood["agent"])]
-    fpairs = int(sum(x[0] for x in flood["agent"]))
     results["flood"] = {"none_ns": c.med(x[1] for x in flood["none"]), "agent_ns": c.med(x[1] for x in flood["agent"]),
                         "ratio": c.med(fr), "ratio_spread": c.spread(fr), "pairs": fpairs, "agent_session": fstats}
     f = results["flood"]
