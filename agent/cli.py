@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import click
 
@@ -24,17 +25,23 @@ def _fail(msg: str, code: int = 1):
     sys.exit(code)
 
 
-def _load(config_path, overrides) -> config_mod.Config:
+def _checked(config_path, overrides, env=None) -> config_mod.Config:
+    """The validated config, or ConfigError (one line). Also what SIGHUP re-reads."""
     from .probes import probe_names
 
-    try:
-        cfg = config_mod.load_config(config_path, overrides={k: v for k, v in overrides.items()})
-    except config_mod.ConfigError as e:
-        _fail(str(e), EXIT_CONFIG)
+    cfg = config_mod.load_config(config_path, env=env, overrides={k: v for k, v in overrides.items()})
     unknown = [n for n in cfg.probes_disable if n not in probe_names()]
     if unknown:
-        _fail(f"config error: probes.disable names unknown probe {unknown[0]!r} "
-              f"(known: {', '.join(probe_names())})", EXIT_CONFIG)
+        raise config_mod.ConfigError(f"probes.disable names unknown probe {unknown[0]!r} "
+                                     f"(known: {', '.join(probe_names())})")
+    return cfg
+
+
+def _load(config_path, overrides, env=None) -> config_mod.Config:
+    try:
+        cfg = _checked(config_path, overrides, env)
+    except config_mod.ConfigError as e:
+        _fail(str(e), EXIT_CONFIG)
     logging.basicConfig(level=cfg.log_level.upper(), format="mcp-agent: %(levelname)s: %(message)s")
     return cfg
 
@@ -115,7 +122,10 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, strict, 
     `from mcp_hostagent.marker import request` (or the ioctl wire format in docs/MARKER.md); their
     request spans become children of the application's span named by the W3C traceparent.
 
-    SIGINT/SIGTERM: drain, detach every probe, flush exporters, exit 0 within 5 s.
+    SIGINT/SIGTERM: drain, detach every probe, flush exporters, exit 0 within 5 s. SIGHUP: re-read the
+    config; a bad one is refused (one line, counted in mcp.agent.config.reload_failed) and the agent
+    runs on; a good one restarts the pipeline with it. Under systemd (Type=notify) READY=1 is sent once
+    the probes are attached, WATCHDOG=1 every status tick.
     """
     overrides = {
         "export.otlp_endpoint": otlp_endpoint, "export.otlp_protocol": otlp_protocol,
@@ -124,31 +134,115 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, strict, 
         "probes.disable": disable or None, "kernel.headers": kernel_headers,
         "kernel.link_modules_build": link_modules_build, "status.enabled": status,
     }
-    cfg = _load(config_path, overrides)
+    env0 = dict(os.environ)  # SIGHUP re-reads with this (the agent itself later sets BCC_KERNEL_SOURCE)
+    cfg = _load(config_path, overrides, env0)
     if show_config:
         click.echo("\n".join(config_mod.describe(cfg)))
         return
-    from .pipeline import Agent, StartError
+    from .pipeline import StartError
+    from .sdnotify import Notifier
 
     if os.geteuid() != 0:
         _fail("mcp-agent must run as root (BPF, tracefs); HINT: sudo mcp-agent run")
     progress = _Progress(cfg.status_enabled)
-    agent = Agent(cfg, progress=progress)
-    stop = threading.Event()
+    notifier = Notifier()  # systemd Type=notify: READY=1 once the probes are attached, WATCHDOG=1 per tick
+    stop = threading.Event()  # wakes the loop: SIGINT/SIGTERM (stop) or SIGHUP (reload)
+    want = {"stop": False, "reload": False}
+    reloads = {"ok": 0, "failed": 0}
 
     def on_signal(signum, frame):
+        want["stop"] = True
+        stop.set()
+
+    def on_hup(signum, frame):
+        want["reload"] = True
         stop.set()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_hup)
     echo = lambda s: click.echo(s, err=True)
     echo(f"mcp-agent {__version__} on {os.uname().nodename}, kernel {os.uname().release}")
     try:
-        rep = agent.start()
+        agent, ctl = _start_agent(cfg, progress, echo, reloads)
     except StartError as e:
         progress.clear()
+        notifier.notify(f"STATUS=failed to start: {e}")
         _fail(str(e))
-    progress.clear()
+    notifier.ready(agent.status_line())
+
+    last_plain = [0.0]
+
+    def on_tick(a):
+        notifier.ping()
+        notifier.status(a.status_line())
+        if progress.tty and a.cfg.status_enabled:
+            progress(a.status_line())
+        elif a.cfg.status_enabled:
+            if time.monotonic() - last_plain[0] >= 30:
+                last_plain[0] = time.monotonic()
+                echo("status: " + a.status_line())
+
+    deadline = time.monotonic() + duration if duration else None
+    try:
+        while not want["stop"]:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            agent.run(stop, on_tick=on_tick, duration_s=left)
+            if want["stop"] or not want["reload"]:
+                break
+            want["reload"] = False
+            stop.clear()
+            progress.clear()
+            agent, ctl = _reload(agent, ctl, config_path, overrides, env0, progress, echo, notifier, reloads)
+    finally:
+        progress.clear()
+        notifier.stopping("stopping: draining, detaching, flushing")
+        if ctl is not None:
+            ctl.stop()
+        flushed = agent.stop(timeout_s=3.0)
+        echo("stopped: " + agent.status_line() + ("" if flushed else " | exporters did not flush within 3 s"))
+        notifier.close()
+    if not flushed:
+        # An exporter is stuck on an unreachable collector: the SDK's atexit shutdown would join its
+        # threads for up to the export timeout. Probes are detached and the loss is counted and printed;
+        # exit now, within the 5 s that SIGTERM promises.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _exporters_for(cfg):
+    """None (the pipeline builds them from cfg) unless export.headers_file is set: then built here, with
+    the file's headers handed to the exporter constructors, never to the environment or argv."""
+    if not cfg.export_headers_file:
+        return None
+    from .exporters import build_exporters
+    from .otlpheaders import read_headers_file
+
+    try:
+        headers = read_headers_file(cfg.export_headers_file)
+    except ValueError as e:  # changed since load_config checked it
+        raise config_mod.ConfigError(f"export.headers_file = {cfg.export_headers_file!r}: {e}") from None
+    return build_exporters(cfg.export_jsonl_path or None, cfg.export_otlp_endpoint, cfg.export_otlp_protocol,
+                           console_stream=sys.stdout if cfg.export_console else None, otlp_headers=headers)
+
+
+def _start_agent(cfg, progress, echo, reloads):
+    """Start an Agent for cfg, print what it attached, serve the control socket. StartError on failure."""
+    from .control import serve
+    from .pipeline import Agent, StartError
+
+    try:
+        exporters = _exporters_for(cfg)
+    except config_mod.ConfigError as e:
+        raise StartError(str(e)) from None
+    agent = Agent(cfg, exporters=exporters, progress=progress)
+    try:
+        rep = agent.start()
+    finally:
+        progress.clear()
     for line in rep.tracefs:
         echo(f"  tracefs:  {line}")
     echo(f"  headers:  {rep.headers}")
@@ -163,29 +257,62 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, strict, 
     for sink in rep.sinks:
         echo(f"  export:   {sink}")
     echo("  mark requests: python -c 'from mcp_hostagent.marker import request' (docs/MARKER.md); Ctrl-C stops")
-    from .control import serve
-    ctl = serve(agent.snapshots, echo, cfg.control_socket)
+    _reload_metrics(agent, reloads)
+    return agent, serve(agent.snapshots, echo, cfg.control_socket)
 
-    live = progress.tty and cfg.status_enabled
-    last_plain = [0.0]
 
-    def on_tick(a):
-        if live:
-            progress(a.status_line())
-        elif cfg.status_enabled:
-            import time
-            if time.monotonic() - last_plain[0] >= 30:
-                last_plain[0] = time.monotonic()
-                echo("status: " + a.status_line())
+def _reload_metrics(agent, reloads) -> None:
+    """mcp.agent.config.reloads / reload_failed: process-lifetime counts, on each new Agent's meter."""
+    if agent.telemetry is None:
+        return
+    m = agent.telemetry.meter_provider.get_meter("mcp_hostagent.cli", __version__)
+    m.create_observable_counter("mcp.agent.config.reloads", [lambda options: [_obs(reloads["ok"])]],
+                                unit="{reload}", description="SIGHUP reloads applied")
+    m.create_observable_counter("mcp.agent.config.reload_failed", [lambda options: [_obs(reloads["failed"])]],
+                                unit="{reload}", description="SIGHUP reloads refused (bad config) or failed to start")
 
+
+def _obs(value):
+    from opentelemetry.metrics import Observation
+
+    return Observation(value)
+
+
+def _reload(agent, ctl, config_path, overrides, env0, progress, echo, notifier, reloads):
+    """SIGHUP: re-read the config (same --config, environment and flags). Invalid: keep running as is.
+    Valid: stop this Agent (drain, detach, flush) and start a new one with it; if that fails, start
+    one with the previous config again. Returns the (agent, control server) now running."""
+    from .pipeline import StartError
+
+    notifier.reloading()
     try:
-        agent.run(stop, on_tick=on_tick, duration_s=duration)
-    finally:
-        progress.clear()
-        if ctl is not None:
-            ctl.stop()
-        flushed = agent.stop(timeout_s=3.0)
-        echo("stopped: " + agent.status_line() + ("" if flushed else " | exporters did not flush within 3 s"))
+        new = _checked(config_path, overrides, env0)
+    except config_mod.ConfigError as e:
+        reloads["failed"] += 1
+        echo(f"reload: kept the running config: {e}")
+        notifier.ready(f"reload failed (config error); running with the previous config | {agent.status_line()}")
+        return agent, ctl
+    echo("reload: config valid; restarting the pipeline with it (probes detach and attach again)")
+    if ctl is not None:
+        ctl.stop()
+    flushed = agent.stop(timeout_s=3.0)
+    echo("reload: stopped: " + agent.status_line() + ("" if flushed else " | exporters did not flush within 3 s"))
+    old_cfg = agent.cfg
+    logging.getLogger().setLevel(new.log_level.upper())
+    try:
+        agent, ctl = _start_agent(new, progress, echo, reloads)
+        reloads["ok"] += 1
+    except StartError as e:
+        reloads["failed"] += 1
+        echo(f"reload: the new config failed to start ({e}); starting again with the previous config")
+        logging.getLogger().setLevel(old_cfg.log_level.upper())
+        try:
+            agent, ctl = _start_agent(old_cfg, progress, echo, reloads)
+        except StartError as e2:
+            notifier.notify(f"STATUS=failed to restart: {e2}")
+            _fail(f"reload: cannot start again with the previous config either: {e2}")
+    notifier.ready(agent.status_line())
+    return agent, ctl
 
 
 @main.command()

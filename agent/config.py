@@ -96,6 +96,13 @@ def _directory(v: str) -> str:
     return v
 
 
+def _headers_file(v: str) -> str:
+    from .otlpheaders import read_headers_file
+
+    read_headers_file(v)  # ValueError names the problem, never the file's text
+    return v
+
+
 _PROBE_NAME = re.compile(r"[a-z0-9_.:-]+\Z")
 
 
@@ -115,6 +122,9 @@ SETTINGS: tuple[Setting, ...] = (
       env_aliases=("OTEL_EXPORTER_OTLP_ENDPOINT",), optional=True, check=_http_url),
     S("export.otlp_protocol", "choice", "grpc", "OTLP transport",
       choices=("grpc", "http/protobuf"), env_aliases=("OTEL_EXPORTER_OTLP_PROTOCOL",)),
+    S("export.headers_file", "str", None,
+      "File of OTLP headers (tokens), one name=value a line; must be root's, mode 0600; read again on SIGHUP",
+      optional=True, check=_headers_file),
     S("export.console", "bool", False, "Also print telemetry to stdout"),
     S("export.metric_interval_s", "float", 10.0, "Seconds between metric exports", min=0.5, max=3600),
     S("export.max_queue_size", "int", 8192,
@@ -188,6 +198,7 @@ class Config:
     export_jsonl_path: str
     export_otlp_endpoint: str | None
     export_otlp_protocol: str
+    export_headers_file: str | None
     export_console: bool
     export_metric_interval_s: float
     export_max_queue_size: int

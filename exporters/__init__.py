@@ -22,6 +22,7 @@ from .counting import (
     CountingSpanExporter,
     ExportStats,
     MultiSpanExporter,
+    install_export_error_filters,
 )
 from .jsonl import JsonlMetricExporter, JsonlSpanExporter, JsonlWriter
 from .otlp import otlp_metric_exporter, otlp_span_exporter
@@ -59,6 +60,16 @@ def _env(*names: str) -> str | None:
     return next((os.environ[n] for n in names if os.environ.get(n)), None)
 
 
+def _headers(signal: str, extra: dict[str, str] | None) -> dict[str, str] | None:
+    """The signal's OTEL_* headers with `extra` over them; None (the SDK reads the env) without extra."""
+    if not extra:
+        return None
+    from opentelemetry.util.re import parse_env_headers
+
+    raw = _env(f"OTEL_EXPORTER_OTLP_{signal}_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS") or ""
+    return {**parse_env_headers(raw, liberal=True), **{k.lower(): v for k, v in extra.items()}}
+
+
 def build_exporters(
     jsonl_path: str | None,
     otlp_endpoint: str | None,
@@ -67,11 +78,14 @@ def build_exporters(
     stats: ExportStats | None = None,
     *,
     otlp_timeout_s: float | None = None,
+    otlp_headers: dict[str, str] | None = None,
 ) -> Exporters:
     """Build the counting, fanned-out span exporter and one counting metric exporter per sink.
 
     OTLP is on when `otlp_endpoint` is given or OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]ENDPOINT is set
     (then the SDK reads it). Protocol: `otlp_protocol` > OTEL_EXPORTER_OTLP_PROTOCOL > "grpc".
+    `otlp_headers` (export.headers_file: tokens) go to the exporter constructors, over the headers of
+    OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]HEADERS; they are never put in the environment.
     """
     stats = ExportStats() if stats is None else stats
     spans, metrics, sinks = [], [], []
@@ -82,17 +96,24 @@ def build_exporters(
         sinks.append(f"jsonl: {writer.path}")
 
     protocol = otlp_protocol or _env("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+    th, mh = _headers("TRACES", otlp_headers), _headers("METRICS", otlp_headers)
     if otlp_endpoint:
-        spans.append(otlp_span_exporter(otlp_endpoint, protocol, otlp_timeout_s))
-        metrics.append(otlp_metric_exporter(otlp_endpoint, protocol, otlp_timeout_s))
+        spans.append(otlp_span_exporter(otlp_endpoint, protocol, otlp_timeout_s, headers=th))
+        metrics.append(otlp_metric_exporter(otlp_endpoint, protocol, otlp_timeout_s, headers=mh))
         sinks.append(f"otlp {protocol}: {otlp_endpoint}")
     else:  # endpoint=None: the SDK reads it from env; a signal without one stays off
         if env := _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
-            spans.append(otlp_span_exporter(None, protocol, otlp_timeout_s))
+            spans.append(otlp_span_exporter(None, protocol, otlp_timeout_s, headers=th))
             sinks.append(f"otlp {protocol} traces: {env} (from env)")
         if env := _env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
-            metrics.append(otlp_metric_exporter(None, protocol, otlp_timeout_s))
+            metrics.append(otlp_metric_exporter(None, protocol, otlp_timeout_s, headers=mh))
             sinks.append(f"otlp {protocol} metrics: {env} (from env)")
+    otlp_on = any(s.startswith("otlp ") for s in sinks)
+    if otlp_on:  # its retries and failures are logged at most every 30 s (and counted, always)
+        install_export_error_filters()
+    if otlp_headers and otlp_on:
+        sinks.append(f"otlp headers: {', '.join(sorted(k.lower() for k in otlp_headers))} "
+                     "(from export.headers_file; values not shown)")
 
     if console_stream is not None:
         spans.append(ConsoleSpanExporter(console_stream))

@@ -145,6 +145,41 @@ class _RateLimitFilter(logging.Filter):
         return True
 
 
+class _ExportErrorFilter(_RateLimitFilter):
+    """The OTLP exporters log a warning per retry and an error per failed batch: during a collector
+    outage, a line a second. One per interval gets through, saying how many were held back since."""
+
+    def __init__(self, interval_s: float) -> None:
+        super().__init__(("Transient error", "Failed to export"), interval_s)
+        self._held = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        before = self.suppressed
+        ok = super().filter(record)
+        if self.suppressed > before:
+            self._held += 1
+        elif ok and self._held and str(record.msg).startswith(self.prefix) and isinstance(record.args, tuple):
+            record.msg = (f"{record.msg} (and %d similar export errors in the last %.0f s, not logged; "
+                          "lost spans are counted in mcp.agent.spans.dropped)")
+            record.args = record.args + (self._held, self.interval_s)
+            self._held = 0
+        return ok
+
+
+# the loggers of the SDK's OTLP exporters (gRPC: one for both signals)
+_OTLP_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter",
+                 "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                 "opentelemetry.exporter.otlp.proto.http.metric_exporter")
+_export_error_filters: dict[str, _ExportErrorFilter] = {}
+
+
+def install_export_error_filters(interval_s: float = 30.0) -> None:
+    for name in _OTLP_LOGGERS:
+        if name not in _export_error_filters:
+            _export_error_filters[name] = _ExportErrorFilter(interval_s)
+            logging.getLogger(name).addFilter(_export_error_filters[name])
+
+
 _queue_full_filter: _RateLimitFilter | None = None
 
 
@@ -177,7 +212,8 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
             exporter,
             max_queue_size=max_queue_size,
             schedule_delay_millis=schedule_delay_ms,
-            max_export_batch_size=max_export_batch_size,
+            # the SDK refuses a batch larger than the queue (export.max_queue_size may be as small as 16)
+            max_export_batch_size=min(max_export_batch_size, max_queue_size),
         )
         self.stats = stats
         self._emit_lock = threading.Lock()

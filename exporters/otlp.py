@@ -7,6 +7,8 @@ it: explicit argument > OTEL_* env > SDK default.
 
 from __future__ import annotations
 
+import os
+
 # The SDK exporters are imported where used: together with grpc and requests they cost ~200 ms of
 # start-up that an agent writing only JSONL need not pay.
 PROTOCOLS = ("grpc", "http/protobuf")
@@ -25,17 +27,40 @@ def http_signal_url(endpoint: str, signal: str) -> str:
     return base if base.endswith(path) else base + path
 
 
-def _kwargs(endpoint: str | None, timeout_s: float | None) -> dict:
+def _kwargs(endpoint: str | None, timeout_s: float | None, headers: dict[str, str] | None = None) -> dict:
     kw = {}
     if endpoint is not None:
         kw["endpoint"] = endpoint
     if timeout_s is not None:
         kw["timeout"] = timeout_s
+    if headers:
+        kw["headers"] = dict(headers)
     return kw
 
 
+def _http_session():
+    """A requests session in which the CA file the exporter sets (OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE)
+    wins. Plain requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE in the environment override a session's
+    own `verify` (psf/requests#3829), so on a host that sets them for its other tools a private collector
+    CA was silently ignored and every export failed certificate verification. Proxies still come from
+    the environment. None (the SDK's own session) when an OTEL_PYTHON_* credential provider is set."""
+    if any(k.startswith("OTEL_PYTHON_EXPORTER_OTLP_HTTP_") and k.endswith("CREDENTIAL_PROVIDER") for k in os.environ):
+        return None
+    import requests
+
+    class CaFileSession(requests.Session):
+        def merge_environment_settings(self, url, proxies, stream, verify, cert):
+            out = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            if verify is None and isinstance(self.verify, str):  # a CA file was configured: it wins
+                out["verify"] = self.verify
+            return out
+
+    return CaFileSession()
+
+
 def otlp_span_exporter(
-    endpoint: str | None, protocol: str = "grpc", timeout_s: float | None = None, insecure: bool | None = None
+    endpoint: str | None, protocol: str = "grpc", timeout_s: float | None = None, insecure: bool | None = None,
+    headers: dict[str, str] | None = None,
 ):
     """SDK OTLP span exporter.
 
@@ -44,20 +69,23 @@ def otlp_span_exporter(
     http/protobuf: `endpoint` is the base URL; `/v1/traces` is appended unless already there.
     endpoint=None / timeout_s=None: the SDK reads OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT / _TIMEOUT
     (its default timeout is 10 s).
+    headers: sent with every export, in place of OTEL_EXPORTER_OTLP_[TRACES_]HEADERS for gRPC (the SDK
+    takes one or the other) and over them for HTTP; build_exporters passes the merge of both.
     """
     _check(protocol)
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter(insecure=insecure, **_kwargs(endpoint, timeout_s))
+        return OTLPSpanExporter(insecure=insecure, **_kwargs(endpoint, timeout_s, headers))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     url = http_signal_url(endpoint, "traces") if endpoint else None
-    return OTLPSpanExporter(**_kwargs(url, timeout_s))
+    return OTLPSpanExporter(session=_http_session(), **_kwargs(url, timeout_s, headers))
 
 
 def otlp_metric_exporter(
-    endpoint: str | None, protocol: str = "grpc", timeout_s: float | None = None, insecure: bool | None = None
+    endpoint: str | None, protocol: str = "grpc", timeout_s: float | None = None, insecure: bool | None = None,
+    headers: dict[str, str] | None = None,
 ):
     """SDK OTLP metric exporter; same rules as `otlp_span_exporter` with `/v1/metrics`.
 
@@ -67,8 +95,8 @@ def otlp_metric_exporter(
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-        return OTLPMetricExporter(insecure=insecure, **_kwargs(endpoint, timeout_s))
+        return OTLPMetricExporter(insecure=insecure, **_kwargs(endpoint, timeout_s, headers))
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
     url = http_signal_url(endpoint, "metrics") if endpoint else None
-    return OTLPMetricExporter(**_kwargs(url, timeout_s))
+    return OTLPMetricExporter(session=_http_session(), **_kwargs(url, timeout_s, headers))

@@ -127,14 +127,17 @@ class _Receiver:
 
 
 class GrpcReceiver(_Receiver):
-    def __init__(self) -> None:
+    """credentials: grpc.ssl_server_credentials(...) for a TLS (or, requiring client certs, mTLS) receiver."""
+
+    def __init__(self, credentials: grpc.ServerCredentials | None = None) -> None:
         super().__init__()
         self._server: grpc.Server | None = None
+        self._credentials = credentials
         self.port: int | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self._credentials else 'http'}://127.0.0.1:{self.port}"
 
     def _handle(self, request, context, response):
         if not self._accept(request, dict(context.invocation_metadata())):
@@ -155,7 +158,10 @@ class GrpcReceiver(_Receiver):
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), self._server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), self._server)
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        if self._credentials is not None:
+            self.port = self._server.add_secure_port(f"127.0.0.1:{self.port or 0}", self._credentials)
+        else:  # a restart after stop() listens on the same port again (collector outage tests)
+            self.port = self._server.add_insecure_port(f"127.0.0.1:{self.port or 0}")
         self._server.start()
 
     def stop(self) -> None:
@@ -173,10 +179,12 @@ class HttpReceiver(_Receiver):
         ),
     }
 
-    def __init__(self) -> None:
+    def __init__(self, ssl_context=None) -> None:
+        """ssl_context: a server-side ssl.SSLContext for HTTPS (verify_mode CERT_REQUIRED: mTLS)."""
         super().__init__()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._ssl = ssl_context
 
     @property
     def port(self) -> int:
@@ -184,7 +192,7 @@ class HttpReceiver(_Receiver):
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self._ssl else 'http'}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         receiver = self
@@ -221,6 +229,9 @@ class HttpReceiver(_Receiver):
                 self._reply(200, response_type().SerializeToString(), "application/x-protobuf")
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if self._ssl is not None:  # the handshake runs in the worker thread, on the first read
+            self._server.socket = self._ssl.wrap_socket(self._server.socket, server_side=True,
+                                                        do_handshake_on_connect=False)
         # A short poll interval keeps stop() (which waits for the serve loop to notice) fast.
         serve = lambda: self._server.serve_forever(poll_interval=0.05)  # noqa: E731
         self._thread = threading.Thread(target=serve, name="otlp-http-receiver", daemon=True)

@@ -48,7 +48,7 @@ def one_line_error(exc: pytest.ExceptionInfo) -> str:
 # ---- the table ------------------------------------------------------------------------------------
 
 EXPECTED_KEYS = [
-    "export.jsonl_path", "export.otlp_endpoint", "export.otlp_protocol", "export.console",
+    "export.jsonl_path", "export.otlp_endpoint", "export.otlp_protocol", "export.headers_file", "export.console",
     "export.metric_interval_s", "export.max_queue_size", "service.name", "requests.max_open_per_pid",
     "requests.idle_expiry_s", "requests.max_begins_per_s_per_pid", "probes.strict", "probes.disable",
     "process.watch", "process.pids", "process.comms", "kernel.headers", "kernel.link_modules_build",
