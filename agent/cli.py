@@ -346,11 +346,19 @@ def probes(config_path, dump):
     progress = _Progress(True)
     loaded = loader.load(plan, bpf_settings(cfg), progress)
     progress.clear()
+    cuda_report = None
+    if loaded:
+        from . import cuda
+
+        # which libcuda files are mapped now and which symbols they export: found, not attached
+        cuda_report = cuda.probe_report(loaded[0].bpf, plan)
     for x in loaded:
         x.bpf.cleanup()
     click.echo(f"kernel {os.uname().release}; headers: {hc.description}")
     click.echo(f"compile: {sum(x.compile_s for x in loaded):.2f}s")
     click.echo(probes_mod.render_table(plan))
+    if cuda_report:
+        click.echo("\nlibcuda uprobes (attached per library inode as processes map it):\n" + cuda_report)
 
 
 @main.command()

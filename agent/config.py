@@ -164,6 +164,13 @@ SETTINGS: tuple[Setting, ...] = (
       "Storm (host or one cgroup) when memcg-reclaim stalls add up to this many ms per second", min=0.001, max=1e6),
     S("reclaim.storm_close_windows", "int", 3,
       "Quiet windows in a row (all signals under half their threshold) that close a storm", min=1, max=3600),
+    S("cuda.overhead_budget", "float", 0.02,
+      "Most slowdown the libcuda launch uprobes may cost a traced process; above it they are duty-cycled",
+      min=0.0001, max=1.0),
+    S("cuda.device_globs", "list[str]", ("/dev/nvidia*",),
+      "Device files whose ioctls are counted as NVIDIA driver ioctls (glob patterns)", min=1),
+    S("cuda.duty_slice_s", "float", 0.2, "Length of one attach slice when launch probes are duty-cycled",
+      min=0.01, max=10),
     S("gpu.enabled", "bool", True, "Sample NVML (utilisation, clocks, throttling, PCIe, Xid) and poll PCIe links in sysfs"),
     S("gpu.sample_period_s", "float", 1.0, "Seconds between NVML samples of each GPU", min=0.05, max=60),
     S("gpu.slow_period_s", "float", 10.0,
@@ -171,11 +178,11 @@ SETTINGS: tuple[Setting, ...] = (
     S("pcie.busy_util_pct", "float", 10.0,
       "GPU utilisation (%) above which a lower PCIe link speed is downtraining, not power saving", min=0, max=100),
     S("nic.enabled", "bool", True, "Watch network links (carrier, speed, flaps) over netlink"),
-    S("status.interval_s", "float", 1.0, "Seconds between status reports", min=0.1, max=60),
-    S("status.enabled", "bool", True, "Report the agent's status periodically"),
     S("control.socket", "str", "/run/mcp-hostagent/agent.sock",
       'Unix socket (mode 0660, no TCP) on which `mcp-agent run` serves snapshots to `mcp-agent top`; "" or "none" disables it',
       check=_none_is_empty),
+    S("status.interval_s", "float", 1.0, "Seconds between status reports", min=0.1, max=60),
+    S("status.enabled", "bool", True, "Report the agent's status periodically"),
     S("log.level", "choice", "info", "Log level", choices=("debug", "info", "warning", "error")),
 )
 del S
@@ -219,14 +226,17 @@ class Config:
     reclaim_storm_direct_ms_per_s: float
     reclaim_storm_memcg_ms_per_s: float
     reclaim_storm_close_windows: int
+    cuda_overhead_budget: float
+    cuda_device_globs: tuple[str, ...]
+    cuda_duty_slice_s: float
     gpu_enabled: bool
     gpu_sample_period_s: float
     gpu_slow_period_s: float
     pcie_busy_util_pct: float
     nic_enabled: bool
+    control_socket: str
     status_interval_s: float
     status_enabled: bool
-    control_socket: str
     log_level: str
     # key -> "default" | "file:/path" | "env:NAME" | "flag"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import discovery, kernel, loader, memstat, probes
+from . import cuda, discovery, kernel, loader, memstat, probes
 from .config import Config
 from .decode import Counters, DecodeError, Kswapd, ProcExit, ReclaimStall, ReqBegin, ReqEnd, counters_from, decode
 from .gpuhealth import GpuHealth
@@ -33,7 +33,8 @@ log = logging.getLogger("mcp_hostagent")
 WATCH_SCAN_S = 5.0
 EXPIRY_SCAN_S = 5.0
 EXITED_KEEP_S = 30.0
-IDENTITY_TTL_S = 1.0  # keep an exited process's final counters for a couple of metric exports
+IDENTITY_TTL_S = 1.0
+STEP_TYPE = cuda.EV_GPU_STEP.to_bytes(2, "little")  # zero-touch GPU step records, decoded by cuda.py  # keep an exited process's final counters for a couple of metric exports
 
 
 class StartError(RuntimeError):
@@ -109,6 +110,7 @@ class Agent:
         self.plan: probes.ProbePlan | None = None
         self._exited: dict[int, tuple[float, dict, Counters]] = {}
         self._attrs_cache: dict[int, tuple[float, dict]] = {}
+        self.cuda: cuda.CudaProbes | None = None
         self.kswapd = KswapdTracker()
         self.proc_rows: dict[int, tuple[dict, Counters]] = {}  # the last map read, for the snapshots
         self.snapshots = SnapshotBuilder(proc_root, to_wall=self.timebase.to_wall_ns)  # `mcp-agent top`
@@ -132,6 +134,13 @@ class Agent:
             cfg.export_jsonl_path or None, cfg.export_otlp_endpoint, cfg.export_otlp_protocol,
             console_stream=sys.stdout if cfg.export_console else None)
         self.loaded = loader.load(self.plan, bpf_settings(cfg), self.progress)
+        if self.loaded and any(s.spec.program == "cuda.bpf.c" and s.state == probes.ATTACHED
+                               for s in self.plan.statuses.values()):
+            # uprobes per libcuda inode, the NVIDIA ioctl programs and the launch-probe governor
+            self.cuda = cuda.CudaProbes(self.loaded[0].bpf, self.plan, budget=cfg.cuda_overhead_budget,
+                                        auto_watch=cfg.process_watch == "gpu", device_globs=cfg.cuda_device_globs,
+                                        slice_s=cfg.cuda_duty_slice_s, proc_root=self.proc_root)
+            self.cuda.start()
         self.health.compile_s = sum(x.compile_s for x in self.loaded)
         self.health.probes = {n: s.state for n, s in self.plan.statuses.items()}
         missing = self.plan.missing()
@@ -156,6 +165,9 @@ class Agent:
                            list(self.gpu.sources.values()))
 
     def detach(self) -> None:
+        if self.cuda is not None:  # its uprobes and tracepoint fds go before the BPF object
+            self.cuda.stop()
+            self.cuda = None
         for x in self.loaded:
             x.bpf.cleanup()
         self.loaded = []
@@ -316,7 +328,8 @@ class Agent:
     # ---- ring buffer ----
     def _on_event(self, ctx, data, size) -> int:
         try:
-            rec = decode(ctypes.string_at(data, size))
+            raw = ctypes.string_at(data, size)
+            rec = cuda.decode_step(raw) if raw[:2] == STEP_TYPE else decode(raw)
         except DecodeError as e:
             self.health.rejected[f"decode_{e.reason}"] += 1
             return 0
@@ -339,6 +352,8 @@ class Agent:
             self.joiner.on_stall(rec)
         elif isinstance(rec, Kswapd):
             (self.kswapd.wake if rec.awake else self.kswapd.sleep)(rec.nid, rec.hdr.ts_ns)
+        elif isinstance(rec, cuda.GpuStep):
+            self.telemetry.emit_gpu_step(rec, self._proc_attrs(rec.hdr.tgid, rec.hdr.comm))
         elif isinstance(rec, ProcExit):
             for fr in self.joiner.on_proc_exit(rec):
                 self._emit(fr)
@@ -367,6 +382,7 @@ class Agent:
         if self.health.probes.get("kswapd_wake") == "attached":
             extra["mcp.reclaim.kswapd_overlap_ns"] = self.kswapd.active_ns(fr.begin_ns, fr.end_ns)
         extra.update(self.gpu.request_attributes(fr.tgid, fr.begin_ns, fr.end_ns))
+        extra.update({f"mcp.finding.{k}": v for k, v in cuda.findings(fr.counters, fr.end_ns - fr.begin_ns).items()})
         self.telemetry.emit_request(fr, self._proc_attrs(fr.tgid, fr.comm), extra,
                                     gpu_bdfs=set(self.gpu.gpus_of(fr.tgid).values()),
                                     events=self.gpu.events_between(fr.tgid, fr.begin_ns, fr.end_ns))
@@ -395,6 +411,8 @@ class Agent:
         self.proc_rows = rows
         if self.telemetry:
             self.telemetry.set_process_counters(rows, self._proc_faults(rows))
+            if self.cuda is not None:
+                self.telemetry.set_cuda(self.cuda.governor_status(), self.cuda.ioctl_rows(), self.cuda.hist_rows())
 
     def _proc_faults(self, rows: dict) -> dict[int, tuple[int, int]]:
         """pid -> (minflt, majflt) from /proc/PID/stat: the kernel's own split of major and minor

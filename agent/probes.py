@@ -63,6 +63,30 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("reclaim_shrink", "vmscan:mm_vmscan_lru_shrink_inactive", "reclaim.bpf.c",
               "pages scanned/reclaimed by kswapd, direct and memcg reclaim (cf. /proc/vmstat)",
               "needs vmscan events"),
+    # CUDA driver and NVIDIA ioctls (cuda.bpf.c): uprobes per libcuda inode and the two tracepoint
+    # programs named apart from requests.bpf.c's are attached by agent/cuda.py, symbol by symbol.
+    ProbeSpec("cuda_launch", "uprobe:libcuda:cuLaunchKernel(_ptsz),cuLaunchKernelEx(_ptsz)", "cuda.bpf.c",
+              "kernel launches by symbol, per request and process (duty-cycled within the overhead budget)",
+              "needs uprobes (CONFIG_UPROBE_EVENTS)", kind="uprobe"),
+    ProbeSpec("cuda_graph", "uprobe:libcuda:cuGraphLaunch(_ptsz)", "cuda.bpf.c",
+              "CUDA graph launches", "needs uprobes", kind="uprobe"),
+    ProbeSpec("cuda_ctx", "uprobe:libcuda:cuCtxPushCurrent(_v2),cuCtxPopCurrent(_v2),cuCtxSetCurrent", "cuda.bpf.c",
+              "context switches: count, ns, latency histogram", "needs uprobes and uretprobes", kind="uprobe"),
+    ProbeSpec("cuda_sync", "uprobe:libcuda:cuStreamSynchronize(_ptsz),cuCtxSynchronize(_v2),cuEventSynchronize",
+              "cuda.bpf.c", "sync waits: count, ns, histogram; zero-touch GPU steps",
+              "needs uprobes and uretprobes", kind="uprobe"),
+    ProbeSpec("cuda_alloc", "uprobe:libcuda:cuMemAlloc_v2,cuMemAllocAsync(_ptsz)", "cuda.bpf.c",
+              "device memory allocations: count, ns", "needs uprobes and uretprobes", kind="uprobe"),
+    ProbeSpec("cuda_free", "uprobe:libcuda:cuMemFree_v2,cuMemFreeAsync(_ptsz)", "cuda.bpf.c",
+              "device memory frees: count, ns", "needs uprobes and uretprobes", kind="uprobe"),
+    ProbeSpec("nvidia_ioctl", "syscalls:sys_enter_ioctl+sys_exit_ioctl", "cuda.bpf.c",
+              "ioctls on NVIDIA device fds: count, ns, by request code", "needs CONFIG_FTRACE_SYSCALLS",
+              kind="tracepoint_fn"),
+    ProbeSpec("cuda_exec", "sched:sched_process_exec", "cuda.bpf.c",
+              "prompt libcuda rescans of processes that exec", "without it, new libcuda inodes wait for a periodic scan"),
+    ProbeSpec("cuda_thread_exit", "sched:sched_process_exit", "cuda.bpf.c",
+              "drops pending CUDA call entries of threads that die inside a call",
+              "without it, stale entries age out by the sanity bound", kind="tracepoint_fn"),
 )
 
 

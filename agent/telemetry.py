@@ -34,6 +34,7 @@ SPAN_NAME = "mcp.request"
 STALL_SPAN = "mcp.reclaim.stall"
 STORM_SPAN = "mcp.reclaim_storm"
 LINK_SPAN = "mcp.pcie.link_episode"
+STEP_SPAN = "mcp.gpu_step"
 KEEP_CLOSED_STORMS = 32
 
 
@@ -159,6 +160,7 @@ class Telemetry:
         self._storms: list[StormRef] = []
         self._link_eps: dict[int, LinkRef] = {}
         self._proc_faults: dict[int, tuple[int, int]] = {}
+        self._cuda: tuple | None = None
         self._reclaim: dict = {}
         resource = Resource.create({
             "service.name": service_name,
@@ -238,6 +240,45 @@ class Telemetry:
 
     def open_storms(self) -> list[Episode]:
         return [st.episode for st in self._storms if not st.episode.closed]
+
+    # ---- CUDA ----
+    def emit_gpu_step(self, step, proc_attrs: dict) -> None:
+        """Zero-touch mode: one GPU step (launches since the thread's previous sync, closed by a sync)
+        of a process that marks no requests, as a root span `mcp.gpu_step`."""
+        attrs = dict(proc_attrs)
+        attrs.update({"thread.id": step.hdr.tid, "mcp.gpu_step.sync_kind": step.sync_kind,
+                      "mcp.gpu_step.sync_ns": step.sync_ns})
+        attrs.update({name: getattr(step.counters, f) for f, name in COUNTER_ATTRS.items()
+                      if getattr(step.counters, f)})
+        wall = self.timebase.to_wall_ns
+        self.tracer.start_span(STEP_SPAN, kind=SpanKind.INTERNAL, start_time=wall(step.begin_ns),
+                               attributes=attrs).end(end_time=wall(max(step.hdr.ts_ns, step.begin_ns)))
+
+    def set_cuda(self, governor: dict, ioctls: list[dict], hists: list[dict]) -> None:
+        with self._lock:
+            self._cuda = (governor, ioctls, hists)
+
+    def _cuda_instruments(self, m) -> None:
+        def rows(i, fn):
+            def cb(options):
+                with self._lock:
+                    data = self._cuda
+                return [Observation(v, a) for v, a in fn(data[i])] if data else []
+            return [cb]
+
+        m.create_observable_gauge("mcp.cuda.governor", rows(0, lambda g: [
+            (g[k], {"mcp.governor.field": k}) for k in ("budget", "cost_ns", "duty", "launch_rate_hz",
+                                                        "attached_overhead", "overhead") if g.get(k) is not None]),
+            description="launch-probe governor: budget, measured per-hit cost, duty cycle, estimated overhead")
+        m.create_observable_counter("mcp.nvidia.ioctls", rows(1, lambda rs: [
+            (r["count"], {"process.pid": r["pid"], "mcp.nvidia.device": r["device"], "mcp.nvidia.ioctl.cmd": r["cmd"]})
+            for r in rs]), description="ioctls on NVIDIA device files by request code")
+        m.create_observable_counter("mcp.nvidia.ioctl_ns", rows(1, lambda rs: [
+            (r["ns"], {"process.pid": r["pid"], "mcp.nvidia.device": r["device"], "mcp.nvidia.ioctl.cmd": r["cmd"]})
+            for r in rs]), unit="ns")
+        m.create_observable_counter("mcp.cuda.latency", rows(2, lambda rs: [
+            (r["count"], {"process.pid": r["pid"], "mcp.cuda.kind": r["kind"], "mcp.latency.le_ns": r["le_ns"]})
+            for r in rs]), description="latency of ctx switches, syncs, allocs, frees, NVIDIA ioctls: log2 buckets")
 
     # ---- PCIe link episodes ----
     def link_episode(self, ep) -> None:
@@ -368,6 +409,14 @@ class Telemetry:
             (c.direct_reclaims, {"mcp.reclaim.kind": "direct"}), (c.memcg_reclaims, {"mcp.reclaim.kind": "memcg"})])],
             unit="{stall}", description="reclaim stalls of the process's threads")
         self._reclaim_instruments(m)
+        self._cuda_instruments(m)
+        m.create_observable_counter("mcp.process.cuda_launches", [self._proc_obs(lambda c: [
+            (c.cu_launch + c.cu_launch_ptsz + c.cu_launch_ex + c.cu_launch_ex_ptsz, {}),
+        ])], description="kernel launches seen by the libcuda uprobes (scaled when duty-cycled)")
+        m.create_observable_counter("mcp.process.cuda_sync_ns", [self._proc_obs(lambda c: [(c.cu_sync_ns, {})])],
+                                    unit="ns", description="time in cuStreamSynchronize/cuCtxSynchronize/cuEventSynchronize")
+        m.create_observable_counter("mcp.process.cuda_ctx_ns", [self._proc_obs(lambda c: [(c.cu_ctx_ns, {})])],
+                                    unit="ns", description="time in cuCtxPush/Pop/SetCurrent")
         self._duration = m.create_histogram("mcp.request.duration_ms", unit="ms",
                                             description="marked request duration")
         h = self.health

@@ -144,12 +144,16 @@ class ToggledAgent:
                 t.start()
             for t in threads:
                 t.join()
+            if self.agent.cuda is not None:  # its ioctl and exit programs are tracepoints too
+                self.agent.cuda.set_tracepoints(False)
             self.is_attached = False
 
     def attach(self) -> None:
         if not self.is_attached:
             for bpf, tp, fn in self._probes:
                 bpf.attach_tracepoint(tp=tp.encode(), fn_name=fn.encode())
+            if self.agent.cuda is not None:
+                self.agent.cuda.set_tracepoints(True)
             self.is_attached = True
 
     @contextlib.contextmanager

@@ -195,7 +195,7 @@ enum mcp_stat {
 	MCP_STAT_END_MISMATCH,     /* end with another request id */
 	MCP_STAT_PROC_MAP_FULL,    /* per-process counters map full */
 	MCP_STAT_RECLAIM_NO_BEGIN, /* reclaim end on a thread with no recorded begin */
-	MCP_STAT_CU_LAUNCH_HITS,   /* cuLaunchKernel* uprobe hits, every process (the governor's host-wide rate) */
+	MCP_STAT_CU_LAUNCH_HITS,   /* cuLaunchKernel* uprobe hits x their weight, every process (the governor's host-wide rate) */
 	MCP_STAT_CU_AUTO_WATCH,    /* processes put in the watch set by their first CUDA call (process.watch = gpu) */
 	MCP_STAT_CU_PAIR_MISS,     /* CUDA call return with no recorded entry (attached mid-call, nested call) */
 	MCP_STAT_CU_PAIR_STALE,    /* CUDA call entry older than the sanity bound: dropped, not measured */
@@ -210,9 +210,9 @@ enum mcp_cuda_event_type {
 
 enum mcp_cu_family {          /* entry/return pairs, one pending slot per family per thread */
 	MCP_CU_CTX = 0,           /* cuCtxPushCurrent(_v2), cuCtxPopCurrent(_v2), cuCtxSetCurrent */
-	MCP_CU_SYNC = 1,          /* cuStreamSynchronize(_ptsz), cuCtxSynchronize, cuEventSynchronize */
+	MCP_CU_SYNC = 1,          /* cuStreamSynchronize(_ptsz), cuCtxSynchronize(_v2), cuEventSynchronize */
 	MCP_CU_ALLOC = 2,         /* cuMemAlloc_v2, cuMemAllocAsync(_ptsz) */
-	MCP_CU_FREE = 3,          /* cuMemFree_v2 */
+	MCP_CU_FREE = 3,          /* cuMemFree_v2, cuMemFreeAsync(_ptsz) */
 	MCP_CU_FAMILIES = 4,
 };
 
@@ -231,10 +231,13 @@ enum mcp_hist_kind {          /* per-process log2 latency histograms (map cu_his
 };
 
 enum mcp_cu_config {          /* array cu_config, written by agent/cuda.py at run time */
-	MCP_CFG_LAUNCH_WEIGHT = 0,/* each launch hit counts this much (duty cycle 1/weight); 0 or 1: exact */
-	MCP_CFG_AUTO_WATCH = 1,   /* 1: a process's first CUDA call puts it in watch_tgid */
-	MCP_CFG_MAX_CALL_NS = 2,  /* entry older than this at return: stale, dropped */
-	MCP_CFG_MAX = 4,
+	MCP_CFG_WEIGHT_LAUNCH = 0,         /* a cuLaunchKernel hit counts this much (probe on 1/weight */
+	MCP_CFG_WEIGHT_LAUNCH_PTSZ = 1,    /* of the time: the duty cycle); 0 or 1: exact. One per */
+	MCP_CFG_WEIGHT_LAUNCH_EX = 2,      /* launch symbol: one not called stays attached and exact */
+	MCP_CFG_WEIGHT_LAUNCH_EX_PTSZ = 3,
+	MCP_CFG_AUTO_WATCH = 4,   /* 1: a process's first CUDA call puts it in watch_tgid */
+	MCP_CFG_MAX_CALL_NS = 5,  /* entry older than this at return: stale, dropped */
+	MCP_CFG_MAX = 8,
 };
 
 struct mcp_cu_pend_key {

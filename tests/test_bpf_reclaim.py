@@ -130,6 +130,22 @@ def test_memcg_reclaim_per_request_matches_vmstat(make_agent, memcg):
             os.unlink(f)
 
 
+MIN_FREE = "/proc/sys/vm/min_free_kbytes"
+MIN_FREE_SAVED = "/run/mcp-test-min_free_kbytes"  # survives a killed run: the next one restores it
+
+
+def restore_min_free() -> None:
+    if os.path.exists(MIN_FREE_SAVED):
+        open(MIN_FREE, "w").write(open(MIN_FREE_SAVED).read())
+        os.unlink(MIN_FREE_SAVED)
+
+
+def raise_min_free(kb: int) -> None:
+    restore_min_free()
+    open(MIN_FREE_SAVED, "w").write(open(MIN_FREE).read().strip())
+    open(MIN_FREE, "w").write(str(kb))
+
+
 def _meminfo() -> dict[str, int]:
     return {l.split(":")[0]: int(l.split()[1]) for l in open("/proc/meminfo")}
 
@@ -149,13 +165,13 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent):
     with open(src, "wb") as fh:
         fh.truncate(64 << 30)  # sparse: reading it makes clean page cache at memory speed
     child = Child()
-    old = open("/proc/sys/vm/min_free_kbytes").read().strip()
+    restore_min_free()  # a run killed before its finally left it raised
     reader = None
     try:
         child.do("spin 1")
         t0, vm0 = totals(a), memstat.read_vmstat()
         free_kb = _meminfo()["MemFree"]
-        open("/proc/sys/vm/min_free_kbytes", "w").write(str(min(int(free_kb * 0.8) + (800 << 10), int(free_kb * 0.9))))
+        raise_min_free(min(int(free_kb * 0.8) + (800 << 10), int(free_kb * 0.9)))
         reader = subprocess.Popen(["timeout", "20", "cat", src], stdout=subprocess.DEVNULL)
         child.do(f"begin 202 {TP}", "touch 65536")
         opened = wait_for(lambda: [e for e in a.agent.telemetry.open_storms() if e.scope == "host"], 12)
@@ -165,7 +181,7 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent):
         if reader is not None:
             reader.kill()
             reader.wait()
-        open("/proc/sys/vm/min_free_kbytes", "w").write(old)
+        restore_min_free()
     try:
         assert wait_for(lambda: not a.agent.kswapd.awake_since, 20), "kswapd did not go back to sleep"
         time.sleep(0.5)
