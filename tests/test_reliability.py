@@ -424,7 +424,7 @@ def typed_value(s: C.Setting):
         "int": st.integers(int(lo) - 2, int(hi) + 2),
         "float": st.one_of(st.floats(lo - 1, hi + 1), st.sampled_from([lo, hi])),
         "choice": st.sampled_from(list(s.choices or ()) + ["", "ALL", "x"]),
-        "str": st.one_of(st.just(s.default or ""), st.text(max_size=20)),
+        "str": st.one_of(st.just(s.default if isinstance(s.default, str) else ""), st.text(max_size=20)),
     }
     if s.type.startswith("list["):
         inner = scalar["int" if s.type == "list[int]" else "str"]
