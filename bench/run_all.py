@@ -33,7 +33,7 @@ def fmt(v, spec: str | None = None) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="shorter runs: under a minute in all")
+    ap.add_argument("--quick", action="store_true", help="shorter runs: about two minutes in all")
     ap.add_argument("--only", action="append", help="run only this bench (e.g. marker); repeatable")
     a = ap.parse_args(argv)
     if os.geteuid() != 0:

@@ -373,3 +373,37 @@ def test_console_line_and_describe():
     ]
     with pytest.raises(ValueError, match="http/json"):
         build_exporters(None, "http://127.0.0.1:4318", "http/json")
+
+
+def test_direct_span_json_equals_the_protobuf_path():
+    """spans_json_line builds OTLP/JSON straight from SDK spans for speed; it must stay byte-identical to
+    the reference path (the SDK's OTLP encoder, protobuf's json_format, ids as hex), so an SDK or
+    protobuf upgrade that changes either side fails here."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags, set_span_in_context
+
+    from mcp_hostagent.exporters.jsonl import otlp_json_line, spans_json_line
+
+    mem = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(mem))
+    tr = tp.get_tracer("t", "1")
+    parent = set_span_in_context(NonRecordingSpan(SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7,
+                                                              is_remote=True, trace_flags=TraceFlags(1))))
+    values = [1, -2**63, 2**63 - 1, 0.5, float("inf"), True, "ascii", "ünïcode \x1b[2J \\ \"q\"", "",
+              [1, 2], ["a", "b"], [True, False], [0.25]]
+    for i, v in enumerate(values):
+        s = tr.start_span(f"s{i}", context=parent if i % 2 else None, start_time=1_000 + i,
+                          attributes={"k": v, "pid": i, "": "empty key"},
+                          links=[Link(SpanContext(0xAB, 0xCD, is_remote=True), {"l": "x"})] if i % 3 == 0 else None)
+        s.add_event("e", {"n": i}, timestamp=1_500 + i)
+        if i % 4 == 0:
+            s.set_status(Status(StatusCode.ERROR, "bad"))
+        s.end(end_time=2_000 + i)
+    spans = mem.get_finished_spans()
+    assert spans_json_line(spans) == otlp_json_line(encode_spans(spans))
+    for one in spans:
+        assert spans_json_line([one]) == otlp_json_line(encode_spans([one]))
