@@ -27,7 +27,6 @@ from mcp_hostagent.probes import PROBES
 
 pytestmark = pytest.mark.bpf
 
-WORKLOAD = os.path.join(os.path.dirname(__file__), "workloads", "marked_child.py")
 TRACE_HEX, PARENT_HEX = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 TP = f"00-{TRACE_HEX}-{PARENT_HEX}-01"
 PAGES = 1500
@@ -45,25 +44,7 @@ def _no_otel_env(monkeypatch):
             monkeypatch.delenv(name)
 
 
-class Child:
-    """tests/workloads/marked_child.py, one command per line, each answered "ok"."""
-
-    def __init__(self):
-        self.p = subprocess.Popen([sys.executable, WORKLOAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True, bufsize=1)
-        self.pid = self.p.pid
-
-    def do(self, *cmds: str) -> None:
-        for cmd in cmds:
-            self.p.stdin.write(cmd + "\n")
-            self.p.stdin.flush()
-            assert self.p.stdout.readline().strip() == "ok", f"child failed on {cmd!r}"
-
-    def close(self):
-        if self.p.poll() is None:
-            self.p.stdin.write("exit\n")
-            self.p.stdin.flush()
-            self.p.wait(10)
+from test_bpf_requests import Child  # noqa: E402  (tests/workloads/marked_child.py, one command a line)
 
 
 class AgentThread:
