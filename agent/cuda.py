@@ -897,6 +897,25 @@ for line in sys.stdin:
 """
 
 
+def _interleaved(bpf, path: str, addr: int, fn_name: str, pid: int, timed, rounds: int):
+    """Timings without and with our program attached at path:addr for pid only, alternating which
+    goes first each round (drift in these VMs hits both alike): (on, off) lists."""
+    on, off = [], []
+    for r in range(rounds):
+        for attached in ((False, True) if r % 2 == 0 else (True, False)):
+            if not attached:
+                off.append(timed())
+                continue
+            before = set(bpf.uprobe_fds)
+            bpf.attach_uprobe(name=path.encode(), addr=addr, fn_name=fn_name.encode(), pid=pid)
+            try:
+                on.append(timed())
+            finally:
+                for ev in set(bpf.uprobe_fds) - before:
+                    bpf.detach_uprobe_event(ev)
+    return on, off
+
+
 def calibrate_child(bpf, lib_path: str, symbol: str = "cuLaunchKernel", n: int = 2000, rounds: int = 7,
                     fn_name: str = "cu_launch") -> Calibration:
     """Per-hit cost of our launch program on symbol itself: a child process loads the library and calls
@@ -921,20 +940,8 @@ def calibrate_child(bpf, lib_path: str, symbol: str = "cuLaunchKernel", n: int =
             p.stdin.flush()
             return float(p.stdout.readline())
 
-        on, off = [], []
-        timed()
-        for r in range(rounds):
-            for attached in ((False, True) if r % 2 == 0 else (True, False)):
-                if not attached:
-                    off.append(timed())
-                    continue
-                before = set(bpf.uprobe_fds)
-                bpf.attach_uprobe(name=lib_path.encode(), addr=addr, fn_name=fn_name.encode(), pid=p.pid)
-                try:
-                    on.append(timed())
-                finally:
-                    for ev in set(bpf.uprobe_fds) - before:
-                        bpf.detach_uprobe_event(ev)
+        timed()  # warm
+        on, off = _interleaved(bpf, lib_path, addr, fn_name, p.pid, timed, rounds)
     finally:
         p.kill()
         p.wait()
@@ -964,21 +971,9 @@ def calibrate(bpf, target=None, n: int = 2000, rounds: int = 7, fn_name: str = "
             call(i)
         return (time.perf_counter_ns() - t0) / n
 
-    on, off = [], []
     try:
         timed()  # warm
-        for r in range(rounds):
-            for attached in ((False, True) if r % 2 == 0 else (True, False)):
-                if not attached:
-                    off.append(timed())
-                    continue
-                before = set(bpf.uprobe_fds)
-                bpf.attach_uprobe(name=path.encode(), addr=addr, fn_name=fn_name.encode(), pid=tid)
-                try:
-                    on.append(timed())
-                finally:
-                    for ev in set(bpf.uprobe_fds) - before:
-                        bpf.detach_uprobe_event(ev)
+        on, off = _interleaved(bpf, path, addr, fn_name, tid, timed, rounds)
     finally:
         if not was_watched:
             watch.pop(ctypes.c_uint32(me), None)

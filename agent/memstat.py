@@ -14,7 +14,7 @@ VMSTAT_KEYS = (
 )
 
 
-def _read(path: str) -> str:
+def read_text(path: str) -> str:
     try:
         with open(path) as f:
             return f.read()
@@ -33,7 +33,7 @@ def parse_kv(text: str) -> dict[str, int]:
 
 
 def read_vmstat(proc_root: str = "/proc") -> dict[str, int]:
-    return parse_kv(_read(f"{proc_root}/vmstat"))
+    return parse_kv(read_text(f"{proc_root}/vmstat"))
 
 
 def allocstall(vm: dict[str, int]) -> int:
@@ -58,7 +58,7 @@ def parse_psi(text: str) -> dict[str, dict[str, float]]:
 
 
 def read_psi(path: str = "/proc/pressure/memory") -> dict[str, dict[str, float]]:
-    return parse_psi(_read(path))
+    return parse_psi(read_text(path))
 
 
 def kswapd_cpu_ticks(proc_root: str = "/proc") -> dict[int, int]:
@@ -67,10 +67,10 @@ def kswapd_cpu_ticks(proc_root: str = "/proc") -> dict[int, int]:
     for name in os.listdir(proc_root):
         if not name.isdigit():
             continue
-        comm = _read(f"{proc_root}/{name}/comm").strip()
+        comm = read_text(f"{proc_root}/{name}/comm").strip()
         if not comm.startswith("kswapd") or not comm[6:].isdigit():
             continue
-        stat = _read(f"{proc_root}/{name}/stat")
+        stat = read_text(f"{proc_root}/{name}/stat")
         fields = stat.rsplit(")", 1)[-1].split()
         if len(fields) > 12:
             out[int(comm[6:])] = int(fields[11]) + int(fields[12])

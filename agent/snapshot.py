@@ -305,14 +305,6 @@ def parse_meminfo(text: str) -> dict[str, int]:
     return out
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
 def numa_nodes(sys_root: str = "/sys") -> set[int]:
     try:
         names = os.listdir(f"{sys_root}/devices/system/node")
@@ -491,7 +483,7 @@ class SnapshotBuilder:
         self._findings.append(Finding(wall, kind, sanitize_text(subject, 128), sanitize_text(text, 256)))
 
     def _host(self, agent, dt, samples, nvml, wall) -> HostView:
-        mem = parse_meminfo(_read(f"{self.proc_root}/meminfo"))
+        mem = parse_meminfo(memstat.read_text(f"{self.proc_root}/meminfo"))
         psi = memstat.read_psi(f"{self.proc_root}/pressure/memory")
         kt = getattr(agent, "kswapd", None)
         kswapd = []
