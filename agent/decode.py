@@ -100,6 +100,16 @@ class Kswapd:
     order: int
 
 
+@dataclass(frozen=True)
+class TpRaw:
+    """The first bytes of a health tracepoint's record (bpf/health.bpf.c); agent/tphealth.py decodes
+    them with the tracepoint's format."""
+
+    hdr: Header  # the task that ran the tracepoint; hdr.ts_ns is when
+    kind: int  # enum mcp_tp_kind
+    data: bytes  # the record from its common header on; past the record's own end, stale bytes
+
+
 def counters_from(c: R.Counters) -> Counters:
     return Counters(*(getattr(c, f) for f in COUNTER_FIELDS))
 
@@ -108,7 +118,7 @@ def _header(h: R.Hdr) -> Header:
     return Header(h.type, h.tgid, h.tid, h.cpu, h.ts_ns, h.cgroup_id, bytes(h.comm).split(b"\0", 1)[0])
 
 
-def decode(raw: bytes) -> "ReqBegin | ReqEnd | ProcExit | ReclaimStall | Kswapd":
+def decode(raw: bytes) -> "ReqBegin | ReqEnd | ProcExit | ReclaimStall | Kswapd | TpRaw":
     hsize = ctypes.sizeof(R.Hdr)
     if len(raw) < hsize:
         raise DecodeError("short", f"{len(raw)} bytes, header needs {hsize}")
@@ -135,4 +145,8 @@ def decode(raw: bytes) -> "ReqBegin | ReqEnd | ProcExit | ReclaimStall | Kswapd"
         return ReclaimStall(hdr, kind, rec.begin_ns, rec.nr_reclaimed, rec.gfp_flags, rec.order, rec.request_id)
     if cls is R.EvKswapd:
         return Kswapd(hdr, rec.nid, bool(rec.awake), rec.order)
+    if cls is R.EvTpRaw:
+        if not 0 < rec.len <= len(rec.data):
+            raise DecodeError("bad_field", f"tracepoint record length {rec.len}")
+        return TpRaw(hdr, rec.kind, bytes(rec.data[:rec.len]))
     return ProcExit(hdr, counters_from(rec.c))

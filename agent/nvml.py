@@ -585,14 +585,17 @@ class XidEvent:
     uuid: str | None
     pci_bus_id: str | None
     xid: int
-    source: str = "nvml"
+    source: str = "nvml"  # nvml | bpf (the nvidia:nvidia_dev_xid tracepoint, agent/tphealth.py)
+    msg: str | None = None  # the driver's text (tracepoint only)
+    pid: int | None = None  # the faulting process, where the driver's text names it
 
 
 class XidWatcher:
     """NVML Xid events (nvmlEventTypeXidCriticalError) on their own thread: nvmlEventSetWait blocks up
     to wait_ms, so stop() returns within about that. Degrades with a reason where the driver cannot
-    deliver them. The fallback for hosts whose driver has it is the nvidia:nvidia_dev_xid tracepoint
-    (pcie.decode_xid); an H200 on driver 580 delivered a deliberate Xid 31 through both."""
+    deliver them. Where the driver has the nvidia:nvidia_dev_xid tracepoint, the agent's gpu_xid BPF
+    probe delivers Xids (with the driver's text) and this watcher is not started: it is the fallback.
+    An H200 on driver 580 delivered a deliberate Xid 31 through both."""
 
     def __init__(self, module=None, *, nvml: Nvml | None = None, wait_ms: int = 500, max_events: int = 1024,
                  on_event: Callable[[XidEvent], None] | None = None, clock: Callable[[], int] = time.monotonic_ns):

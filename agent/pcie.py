@@ -22,6 +22,7 @@ Kernel and driver facts relied on:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import struct
@@ -255,7 +256,10 @@ class LinkJudge:
     - AER counters rising alone open an episode too (cause aer_errors), closed after aer_window_s quiet.
     An episode with a link drop closes only on evidence: every link of the path back at its reference
     (an idle link at Gen1 proves nothing, so it stays open until the GPU is busy again or retrains).
-    Utilisation unknown (no NVML): the speed-under-load rule is off; width and AER rules still apply."""
+    Utilisation unknown (no NVML): the speed-under-load rule is off; width and AER rules still apply.
+    AER errors come from the sysfs counters' deltas and from ras:aer_event records (note_aer_event);
+    the kernel's AER handling bumps the counters and emits the event for the same error, so a device
+    with counters is counted by them and its events only mark it; a device without, by its events."""
 
     def __init__(self, busy_util_pct: float = 10.0, aer_window_s: float = 30.0, confirm_polls: int = 2):
         self.busy_util_pct = busy_util_pct
@@ -266,12 +270,24 @@ class LinkJudge:
         self._last_aer_ns: dict[str, int] = {}  # gpu bdf -> when AER last rose on its path
         self._open: dict[str, _Open] = {}
         self._next_id = 1
+        self._aer_events: dict[str, dict[str, int]] = {}  # bdf -> {"correctable": n, "correctable.BadTLP": n}
+        self.aer_events_off_path = 0  # AER events on devices on no GPU's path
+
+    def note_aer_event(self, bdf: str, severity: str, errors: tuple[str, ...] = ()) -> None:
+        """One ras:aer_event (pcie.AerRecord), judged with the next update() like a counter rise."""
+        acc = self._aer_events.setdefault(bdf, {})
+        for key in (severity, *(f"{severity}.{e}" for e in errors)):
+            acc[key] = acc.get(key, 0) + 1
 
     def update(self, snap: PcieSnapshot, util_pct: Mapping[str, float | None]) -> list[LinkEpisode]:
         """util_pct: GPU bdf (sysfs spelling) -> NVML utilisation, None when unknown."""
         out = []
         for gpu, chain in snap.paths.items():
             out.extend(self._judge(snap, gpu, chain, util_pct.get(gpu)))
+        on_path = {b for gpu, chain in snap.paths.items() for b in (gpu, *chain)}
+        self.aer_events_off_path += sum(n for b, acc in self._aer_events.items() if b not in on_path
+                                        for k, n in acc.items() if "." not in k)
+        self._aer_events.clear()  # a bridge shared by several GPUs' paths counted for each of them
         self._prev.update(snap.links)
         return out
 
@@ -301,6 +317,13 @@ class LinkJudge:
                         grew = True
                 if grew:
                     aer_devs.append(bdf)
+            events = self._aer_events.get(bdf)
+            if events:
+                if bdf not in aer_devs:
+                    aer_devs.append(bdf)
+                if not (cur and prev and cur.aer and prev.aer):
+                    for k, n in events.items():
+                        aer_delta[k] = aer_delta.get(k, 0) + n
         if aer_devs:
             self._last_aer_ns[gpu] = now
         recent_aer = gpu in self._last_aer_ns and now - self._last_aer_ns[gpu] <= self.aer_window_ns
@@ -443,7 +466,7 @@ def parse_format(text: str) -> TracepointFormat:
 
 
 LINK_EVENTS = ("ras/aer_event", "pci/pcie_link_event", "nvidia/nvidia_dev_xid")
-_MISSING_WHY = {
+MISSING_WHY = {
     "ras/aer_event": "kernel has no ras:aer_event (needs CONFIG_PCIEAER with the PCIe port driver)",
     "pci/pcie_link_event": "kernel has no pci:pcie_link_event (a newer kernel's tracepoint)",
     "nvidia/nvidia_dev_xid": "no nvidia:nvidia_dev_xid (NVIDIA driver module not loaded, or a driver without it)",
@@ -464,7 +487,7 @@ def load_formats(tracefs_root: str = "/sys/kernel/tracing",
             with open(path) as f:
                 out[name] = parse_format(f.read())
         except FileNotFoundError:
-            out[name] = Unavailable(name, _MISSING_WHY.get(name, "event absent"))
+            out[name] = Unavailable(name, MISSING_WHY.get(name, "event absent"))
         except (OSError, ValueError) as e:
             out[name] = Unavailable(name, f"{path}: {e}")
     return out
@@ -478,18 +501,33 @@ _INTS = {(1, False): "B", (1, True): "b", (2, False): "H", (2, True): "h", (4, F
          (8, False): "Q", (8, True): "q"}
 
 
-def decode_record(raw: bytes, fmt: TracepointFormat) -> dict[str, int | str | bytes]:
-    """Every field of a raw tracepoint record: integers, __data_loc and char[N] strings (up to the
-    first NUL, UTF-8 with replacement), other arrays as bytes. Host (little-endian) byte order."""
-    out = {}
+# A record's __data_loc data lies past its fixed fields, within the perf trace buffer it was built in
+# (PERF_MAX_TRACE_SIZE, include/linux/trace_events.h): anything else is not a record of this format.
+PERF_MAX_TRACE_SIZE = 8192
+
+
+def decode_captured(raw: bytes, fmt: TracepointFormat,
+                    captured: bool = False) -> tuple[dict[str, int | str | bytes], tuple[str, ...]]:
+    """decode_record, and which __data_loc fields were cut. captured: raw is a fixed-size copy of the
+    record's first bytes (bpf/health.bpf.c), not the whole record, so a __data_loc running past its end
+    is clamped to what was copied instead of rejected (an Xid message longer than the copy keeps its
+    start); its offset and length must still be plausible for a record of this format."""
+    out: dict[str, int | str | bytes] = {}
+    cut = []
+    fixed_end = max(f.offset + f.size for f in fmt.fields)
     for f in fmt.fields:
         if f.offset + f.size > len(raw):
             raise RecordError(f"{fmt.name}: record of {len(raw)} bytes ends before {f.name}")
         if f.data_loc:
             (loc,) = struct.unpack_from("<I", raw, f.offset)
             off, length = loc & 0xFFFF, loc >> 16
+            if off < fixed_end:
+                raise RecordError(f"{fmt.name}.{f.name}: __data_loc offset {off} inside the fixed fields")
             if off + length > len(raw):
-                raise RecordError(f"{fmt.name}.{f.name}: __data_loc {off}+{length} past the record's {len(raw)} bytes")
+                if not captured or off + length > PERF_MAX_TRACE_SIZE:
+                    raise RecordError(f"{fmt.name}.{f.name}: __data_loc {off}+{length} past the record's "
+                                      f"{len(raw)} bytes")
+                cut.append(f.name)
             data = raw[off:off + length]
             out[f.name] = data.split(b"\0", 1)[0].decode("utf-8", "replace") if "char" in f.ctype else data
         elif (f.size, f.signed) in _INTS and "[" not in f.ctype:
@@ -497,7 +535,16 @@ def decode_record(raw: bytes, fmt: TracepointFormat) -> dict[str, int | str | by
         else:
             data = raw[f.offset:f.offset + f.size]
             out[f.name] = data.split(b"\0", 1)[0].decode("utf-8", "replace") if "char" in f.ctype else data
-    return out
+    return out, tuple(cut)
+
+
+def decode_record(raw: bytes, fmt: TracepointFormat) -> dict[str, int | str | bytes]:
+    """Every field of a raw tracepoint record: integers, __data_loc and char[N] strings (up to the
+    first NUL, UTF-8 with replacement), other arrays as bytes. Host (little-endian) byte order."""
+    return decode_captured(raw, fmt)[0]
+
+
+_XID_TASK = re.compile(r"^pid=(\d+), name=([^,]*), ")
 
 
 @dataclass(frozen=True)
@@ -506,6 +553,15 @@ class XidRecord:
     error_code: int  # the Xid
     msg: str
     pid: int  # common_pid: the task that ran the tracepoint (often the driver's irq thread)
+    truncated: bool = False  # msg was cut at the end of the BPF copy
+
+    @property
+    def process(self) -> tuple[int, str] | None:
+        """The faulting process (pid, name) where msg names it. The kernel log's line for an MMU
+        fault starts "pid=574, name=python3, channel ..."; driver 580's tracepoint msg left that part
+        out (tests/fixtures/gpu/xid.json), so this is None there."""
+        m = _XID_TASK.match(self.msg)
+        return (int(m[1]), m[2]) if m else None
 
 
 # The layout recorded on the H200 host (driver 580.159.04), the default when no format file is at hand.
@@ -520,13 +576,138 @@ NVIDIA_DEV_XID_FORMAT = TracepointFormat("nvidia_dev_xid", None, (
 ))
 
 
-def decode_xid(raw: bytes, fmt: TracepointFormat = NVIDIA_DEV_XID_FORMAT) -> XidRecord:
+def decode_xid(raw: bytes, fmt: TracepointFormat = NVIDIA_DEV_XID_FORMAT, captured: bool = False) -> XidRecord:
     """A raw nvidia:nvidia_dev_xid record -> XidRecord. Pure."""
-    rec = decode_record(raw, fmt)
+    rec, cut = decode_captured(raw, fmt, captured)
     try:
-        return XidRecord(str(rec["dev"]), int(rec["error_code"]), str(rec["msg"]), int(rec.get("common_pid", 0)))
-    except KeyError as e:
-        raise RecordError(f"{fmt.name}: field {e} missing") from None
+        return XidRecord(str(rec["dev"]), int(rec["error_code"]), str(rec["msg"]), int(rec.get("common_pid", 0)),
+                         truncated="msg" in cut or "dev" in cut)
+    except (KeyError, ValueError, TypeError) as e:
+        raise RecordError(f"{fmt.name}: field {e} missing or not a number") from None
+
+
+# ras:aer_event and pci:pcie_link_event: no host we could record on has them (tests/fixtures/gpu:
+# the H200 VM has no PCIe port driver). These defaults are DERIVED FROM KERNEL SOURCE, not recorded:
+# the offsets are what the TRACE_EVENT macros lay out for the TP_STRUCT__entry fields (an 8-byte
+# common header, a __string as a u32 __data_loc, fields at their natural alignment); signed:0 for
+# char as the kernel builds with -funsigned-char since 6.2. They are used only when the event's
+# format file cannot be read; the format tracefs gives at run time always wins.
+#
+# include/ras/ras_event.h aer_event: __string(dev_name), __field(u32, status), __field(u8, severity),
+# __field(u8, tlp_header_valid), __array(u32, tlp_header, 4) (PCIE_STD_NUM_TLP_HEADERLOG). Mainline
+# now sizes tlp_header PCIE_STD_MAX_TLP_HEADERLOG (4 + 10 words, flit mode; include/linux/aer.h), and a
+# CXL change appends __string(bus_type): the run-time format covers those.
+AER_EVENT_FORMAT_TEXT = """name: aer_event
+ID: 0
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:__data_loc char[] dev_name;\toffset:8;\tsize:4;\tsigned:0;
+\tfield:u32 status;\toffset:12;\tsize:4;\tsigned:0;
+\tfield:u8 severity;\toffset:16;\tsize:1;\tsigned:0;
+\tfield:u8 tlp_header_valid;\toffset:17;\tsize:1;\tsigned:0;
+\tfield:u32 tlp_header[4];\toffset:20;\tsize:16;\tsigned:0;
+"""
+
+# mainline include/trace/events/pci.h pcie_link_event (2025): __string(port_name, pci_name(bus->self)),
+# then unsigned int type, reason, cur_bus_speed, max_bus_speed, width, flit_mode, link_status.
+PCIE_LINK_EVENT_FORMAT_TEXT = """name: pcie_link_event
+ID: 0
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:__data_loc char[] port_name;\toffset:8;\tsize:4;\tsigned:0;
+\tfield:unsigned int type;\toffset:12;\tsize:4;\tsigned:0;
+\tfield:unsigned int reason;\toffset:16;\tsize:4;\tsigned:0;
+\tfield:unsigned int cur_bus_speed;\toffset:20;\tsize:4;\tsigned:0;
+\tfield:unsigned int max_bus_speed;\toffset:24;\tsize:4;\tsigned:0;
+\tfield:unsigned int width;\toffset:28;\tsize:4;\tsigned:0;
+\tfield:unsigned int flit_mode;\toffset:32;\tsize:4;\tsigned:0;
+\tfield:unsigned int link_status;\toffset:36;\tsize:4;\tsigned:0;
+"""
+
+# No event id is known for these (it is assigned at boot): the defaults skip the common_type check.
+AER_EVENT_FORMAT = dataclasses.replace(parse_format(AER_EVENT_FORMAT_TEXT), id=None)
+PCIE_LINK_EVENT_FORMAT = dataclasses.replace(parse_format(PCIE_LINK_EVENT_FORMAT_TEXT), id=None)
+
+# include/linux/aer.h: AER_NONFATAL 0, AER_FATAL 1, AER_CORRECTABLE 2; named as the sysfs files are.
+AER_SEVERITY = {0: "nonfatal", 1: "fatal", 2: "correctable"}
+# Status bits by the names drivers/pci/pcie/aer.c gives the sysfs counters (aer_correctable_error_string,
+# aer_uncorrectable_error_string), so event counts and counter deltas share keys ("correctable.BadTLP").
+AER_COR_BITS = {0: "RxErr", 6: "BadTLP", 7: "BadDLLP", 8: "Rollover", 12: "Timeout", 13: "NonFatalErr",
+                14: "CorrIntErr", 15: "HeaderOF"}
+AER_UNCOR_BITS = {0: "Undefined", 4: "DLP", 5: "SDES", 12: "TLP", 13: "FCP", 14: "CmpltTO", 15: "CmpltAbrt",
+                  16: "UnxCmplt", 17: "RxOF", 18: "MalfTLP", 19: "ECRC", 20: "UnsupReq", 21: "ACSViol",
+                  22: "UncorrIntErr", 23: "BlockedTLP", 24: "AtomicOpBlocked", 25: "TLPBlockedErr",
+                  26: "PoisonTLPBlocked", 27: "DMWrReqBlocked", 28: "IDECheck", 29: "MisIDETLP",
+                  30: "PCRC_CHECK", 31: "TLPXlatBlocked"}
+
+
+def aer_error_names(severity: str, status: int) -> tuple[str, ...]:
+    table = AER_COR_BITS if severity == "correctable" else AER_UNCOR_BITS
+    return tuple(table.get(b, f"bit{b}") for b in range(32) if status >> b & 1)
+
+
+@dataclass(frozen=True)
+class AerRecord:
+    dev: str  # pci_name() of the device that reported the error
+    severity: str  # correctable | nonfatal | fatal
+    status: int  # the Correctable or Uncorrectable Error Status register
+    errors: tuple[str, ...]  # status bits by their sysfs counter names
+    pid: int
+
+
+def decode_aer(raw: bytes, fmt: TracepointFormat = AER_EVENT_FORMAT, captured: bool = False) -> AerRecord:
+    rec, _ = decode_captured(raw, fmt, captured)
+    try:
+        sev = AER_SEVERITY.get(int(rec["severity"]), f"severity{int(rec['severity'])}")
+        status = int(rec["status"])
+        return AerRecord(str(rec["dev_name"]), sev, status, aer_error_names(sev, status), int(rec.get("common_pid", 0)))
+    except (KeyError, ValueError, TypeError) as e:
+        raise RecordError(f"{fmt.name}: field {e} missing or not a number") from None
+
+
+# drivers/pci/pci.h enum pcie_link_change_reason, in order
+LINK_CHANGE_REASONS = ("retrain", "add_bus", "bwctrl_enable", "bwctrl_irq", "hotplug")
+# include/linux/pci.h enum pci_bus_speed: PCIE_SPEED_2_5GT = 0x14 .. PCIE_SPEED_64_0GT = 0x19
+BUS_SPEED_GTS = {0x14: 2.5, 0x15: 5.0, 0x16: 8.0, 0x17: 16.0, 0x18: 32.0, 0x19: 64.0}
+
+
+@dataclass(frozen=True)
+class LinkEventRecord:
+    port: str  # pci_name(bus->self): the bridge port whose link below it changed
+    reason: str
+    speed_gts: float | None
+    max_speed_gts: float | None
+    width: int
+    flit_mode: int
+    link_status: int  # Link Status register bits LT, DLLLA, LBMS, LABS
+    pid: int
+
+    def attributes(self) -> dict[str, object]:
+        return {"mcp.pcie.port": self.port, "mcp.pcie.reason": self.reason, "mcp.pcie.to_gen": gen_of(self.speed_gts),
+                "mcp.pcie.to_width": self.width or None, "mcp.pcie.link_status": f"0x{self.link_status:x}"}
+
+
+def decode_link_event(raw: bytes, fmt: TracepointFormat = PCIE_LINK_EVENT_FORMAT,
+                      captured: bool = False) -> LinkEventRecord:
+    rec, _ = decode_captured(raw, fmt, captured)
+    try:
+        reason = int(rec["reason"])
+        return LinkEventRecord(
+            str(rec["port_name"]),
+            LINK_CHANGE_REASONS[reason] if reason < len(LINK_CHANGE_REASONS) else f"reason{reason}",
+            BUS_SPEED_GTS.get(int(rec["cur_bus_speed"])), BUS_SPEED_GTS.get(int(rec["max_bus_speed"])),
+            int(rec["width"]), int(rec.get("flit_mode", 0)), int(rec.get("link_status", 0)),
+            int(rec.get("common_pid", 0)))
+    except (KeyError, ValueError, TypeError) as e:
+        raise RecordError(f"{fmt.name}: field {e} missing or not a number") from None
 
 
 def iter_trace_page(page: bytes, data_offset: int = 16) -> Iterator[tuple[int, bytes]]:

@@ -1,7 +1,8 @@
 """The probe table: every BPF hook the agent can attach, and what became of each on this host.
 
 A probe is one tracepoint program in one BPF source. Before compiling, each probe is checked against
-tracefs (bcc cannot compile a TRACEPOINT_PROBE whose format file is absent); a probe that is
+tracefs (bcc cannot compile a TRACEPOINT_PROBE whose format file is absent; a "tracepoint_raw" probe
+compiles anywhere but has nothing to attach to, and says why from pcie.MISSING_WHY); a probe that is
 disabled, absent or fails to attach is reported with a reason and a hint, and the rest run
 (`--strict` makes any miss fatal). Adding a probe is one row here and one #if block in its .c file.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .kernel import tracepoint_exists
+from .pcie import MISSING_WHY
 
 ATTACHED, MISSING, DISABLED = "attached", "missing", "disabled"
 
@@ -22,7 +24,9 @@ class ProbeSpec:
     program: str  # BPF source under bpf/ holding its #if MCP_PROBE_<NAME> block
     provides: str
     hint: str
-    kind: str = "tracepoint"  # the loader attaches tracepoints; other kinds are attached by their module
+    # the loader attaches "tracepoint" (bcc TRACEPOINT_PROBE) and "tracepoint_raw" (a plain function
+    # that copies the record, decoded with the run-time format); other kinds are attached by their module
+    kind: str = "tracepoint"
 
     @property
     def macro(self) -> str:
@@ -30,7 +34,11 @@ class ProbeSpec:
 
     @property
     def fn_name(self) -> str:
-        return "tracepoint__" + self.tracepoint.replace(":", "__")
+        prefix = "tp_raw__" if self.kind == "tracepoint_raw" else "tracepoint__"
+        return prefix + self.tracepoint.replace(":", "__")
+
+
+TRACEPOINT_KINDS = ("tracepoint", "tracepoint_raw")  # checked against tracefs, attached by the loader
 
 
 PROBES: tuple[ProbeSpec, ...] = (
@@ -87,6 +95,19 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("cuda_thread_exit", "sched:sched_process_exit", "cuda.bpf.c",
               "drops pending CUDA call entries of threads that die inside a call",
               "without it, stale entries age out by the sanity bound", kind="tracepoint_fn"),
+    # GPU and PCIe health (health.bpf.c): the record's bytes, decoded with the format tracefs gives at
+    # run time (agent/tphealth.py), since these events come and go with the driver and kernel config.
+    ProbeSpec("gpu_xid", "nvidia:nvidia_dev_xid", "health.bpf.c",
+              "Xid errors from the NVIDIA driver, by GPU and code (NVML Xid events are the fallback)",
+              "the NVIDIA driver registers it when its module loads (driver 580 has it); "
+              "start the agent after the driver", kind="tracepoint_raw"),
+    ProbeSpec("pcie_aer", "ras:aer_event", "health.bpf.c",
+              "PCIe AER errors as they are reported, into the link-episode judge (sysfs AER counters otherwise)",
+              "needs CONFIG_PCIEAER and the PCIe port driver (CONFIG_PCIEPORTBUS)", kind="tracepoint_raw"),
+    ProbeSpec("pcie_link_event", "pci:pcie_link_event", "health.bpf.c",
+              "PCIe link speed/width changes: an immediate re-poll of the link (sysfs polling otherwise)",
+              "a 2025 kernel tracepoint (include/trace/events/pci.h); older kernels rely on the poll",
+              kind="tracepoint_raw"),
 )
 
 
@@ -132,9 +153,10 @@ def plan(disabled: list[str] | tuple[str, ...] = (), exists=tracepoint_exists) -
     for spec in PROBES:
         if spec.name in disabled:
             p.statuses[spec.name] = ProbeStatus(spec, DISABLED, "disabled by probes.disable")
-        elif spec.kind == "tracepoint" and not exists(*spec.tracepoint.split(":")):
+        elif spec.kind in TRACEPOINT_KINDS and not exists(*spec.tracepoint.split(":")):
+            why = MISSING_WHY.get(spec.tracepoint.replace(":", "/"))
             p.statuses[spec.name] = ProbeStatus(
-                spec, MISSING, f"tracepoint {spec.tracepoint} not in this kernel's tracefs", spec.hint)
+                spec, MISSING, why or f"tracepoint {spec.tracepoint} not in this kernel's tracefs", spec.hint)
         else:
             p.statuses[spec.name] = ProbeStatus(spec, ATTACHED)
     return p

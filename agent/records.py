@@ -163,6 +163,8 @@ KERNEL_STATS = {
     for name, value in C.items()
     if name.startswith("MCP_STAT_") and name != "MCP_STAT_MAX"
 }
+# Stats that count activity, not a record lost or refused: kept out of mcp.agent.records.rejected.
+ACTIVITY_STATS = frozenset({"rb_lost", "cu_launch_hits", "cu_auto_watch"})
 
 
 # ---- CUDA driver calls and NVIDIA ioctls (bpf/cuda.bpf.c, agent/cuda.py) ----
@@ -219,3 +221,12 @@ CUDA_EVENT_TYPES = {C["MCP_EV_GPU_STEP"]: EvGpuStep}
 SYNC_KINDS = {C["MCP_CU_SYNC_STREAM"]: "stream", C["MCP_CU_SYNC_CTX"]: "ctx", C["MCP_CU_SYNC_EVENT"]: "event"}
 HIST_KINDS = {C["MCP_HIST_CTX"]: "ctx", C["MCP_HIST_SYNC"]: "sync", C["MCP_HIST_IOCTL"]: "ioctl",
               C["MCP_HIST_ALLOC"]: "alloc", C["MCP_HIST_FREE"]: "free"}
+
+
+# ---- GPU and PCIe health tracepoints (bpf/health.bpf.c, agent/tphealth.py) ----
+class EvTpRaw(ctypes.Structure):
+    _fields_ = [("h", Hdr), ("kind", u32), ("len", u32), ("data", u8 * C["MCP_TP_RAW_LEN"])]
+
+
+STRUCTS["mcp_ev_tp_raw"] = EvTpRaw
+EVENT_TYPES[C["MCP_EV_TP_RAW"]] = EvTpRaw

@@ -1,5 +1,5 @@
 /* Maps, settings and helpers shared by every probe family. agent/loader.py compiles one unit:
- * this file first, then requests.bpf.c, reclaim.bpf.c, cuda.bpf.c (each probe under #if
+ * this file first, then requests.bpf.c, reclaim.bpf.c, cuda.bpf.c, health.bpf.c (each probe under #if
  * MCP_PROBE_<NAME>), so that every family can add to the same per-request and per-process counters.
  *
  * Settings arrive as -D cflags from agent/loader.py: MCP_MAX_OPEN_PER_PID, MCP_MAX_BEGINS_PER_S,

@@ -103,3 +103,16 @@ def test_join_expiry_and_orphans():
     fr = j.on_expired(10, 20, 5, 100, 10_000, Counters(1, 0, 0, 0))
     assert fr.end_reason == "expired" and fr.traceparent_state == "valid"
     assert j.drop_orphans(older_than_ns=200, live=set()) == 1 and not j.open
+
+
+def test_rejected_counts_refusals_not_activity():
+    """cu_launch_hits and cu_auto_watch count work done; a rejected metric holding them misleads (the
+    H200 run showed 24001 'rejected' that were launches)."""
+    from types import SimpleNamespace
+
+    from mcp_hostagent.telemetry import AgentHealth, Telemetry
+    h = AgentHealth(kernel_stats={"rb_lost": 3, "cu_launch_hits": 24001, "cu_auto_watch": 2, "mark_bad": 4,
+                                  "begin_cap": 0})
+    h.rejected["decode_short"] += 1
+    h.rejected["mark_bad"] += 1
+    assert Telemetry.rejected(SimpleNamespace(health=h)) == {"mark_bad": 5, "begin_cap": 0, "decode_short": 1}

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from mcp_hostagent.pcie import (
-    NVIDIA_DEV_XID_FORMAT, LinkJudge, PciePoller, RecordError, TracepointFormat, Unavailable, decode_record,
-    decode_xid, gen_of, iter_trace_page, load_formats, parse_aer, parse_format, parse_link_speed,
+    NVIDIA_DEV_XID_FORMAT, PCIE_LINK_EVENT_FORMAT, LinkJudge, PciePoller, RecordError,
+    TracepointFormat, Unavailable, decode_aer, decode_captured, decode_link_event, decode_record, decode_xid, gen_of,
+    iter_trace_page, load_formats, parse_aer, parse_format, parse_link_speed,
 )
+from mcp_hostagent.pcie import AER_EVENT_FORMAT as DERIVED_AER_FORMAT
 
 FIX = Path(__file__).parent / "fixtures" / "gpu"
 GPU = "0000:00:06.0"
@@ -408,3 +410,140 @@ def test_link_event_formats_on_this_machine():
             assert isinstance(got[name], TracepointFormat)  # a kernel that has them
         else:
             assert isinstance(got[name], Unavailable) and got[name].reason
+
+
+# --- ras:aer_event and pci:pcie_link_event: layouts derived from kernel source, AER events in the judge ------
+
+
+def build_tp_record(fmt: TracepointFormat, values: dict, strings: dict, pid: int = 0) -> bytes:
+    """A record laid out per fmt (fixed part, then the __data_loc strings with their NUL), as the
+    kernel's TRACE_EVENT code writes it."""
+    fixed = max(f.offset + f.size for f in fmt.fields)
+    buf, tail = bytearray(fixed), bytearray()
+    struct.pack_into("<Hxxi", buf, 0, fmt.id or 0, pid)
+    for name, v in values.items():
+        f = fmt.field(name)
+        if isinstance(v, bytes):
+            buf[f.offset:f.offset + len(v)] = v
+        else:
+            struct.pack_into({1: "<B", 4: "<I"}[f.size], buf, f.offset, v)
+    for name, text in strings.items():
+        data = text.encode() + b"\0"
+        struct.pack_into("<I", buf, fmt.field(name).offset, (fixed + len(tail)) | len(data) << 16)
+        tail += data
+    return bytes(buf + tail)
+
+
+def test_derived_aer_format_has_the_layout_a_kernel_printed():
+    """The built-in aer_event layout (derived from include/ras/ras_event.h) against the format file a
+    kernel printed (AER_EVENT_FORMAT above): the same fields at the same offsets."""
+    printed = parse_format(AER_EVENT_FORMAT)
+    assert [(f.name, f.offset, f.size, f.data_loc) for f in DERIVED_AER_FORMAT.fields] == [
+        (f.name, f.offset, f.size, f.data_loc) for f in printed.fields]
+    assert DERIVED_AER_FORMAT.id is None and PCIE_LINK_EVENT_FORMAT.id is None  # ids are assigned at boot
+    assert [(f.name, f.offset) for f in PCIE_LINK_EVENT_FORMAT.fields][4:] == [
+        ("port_name", 8), ("type", 12), ("reason", 16), ("cur_bus_speed", 20), ("max_bus_speed", 24),
+        ("width", 28), ("flit_mode", 32), ("link_status", 36)]
+
+
+def test_decode_aer_with_the_derived_and_a_newer_layout():
+    raw = build_tp_record(DERIVED_AER_FORMAT, {"status": 1 << 6 | 1, "severity": 2}, {"dev_name": "0000:00:1c.0"})
+    rec = decode_aer(raw)
+    assert (rec.dev, rec.severity, rec.status, rec.errors) == ("0000:00:1c.0", "correctable", 65, ("RxErr", "BadTLP"))
+    # mainline: tlp_header of PCIE_STD_MAX_TLP_HEADERLOG (14) words, then __string(bus_type); read from
+    # its format, the same record decodes
+    newer = parse_format(AER_EVENT_FORMAT_TEXT_NEWER)
+    raw = build_tp_record(newer, {"status": 1 << 14, "severity": 0, "tlp_header_valid": 1,
+                                  "tlp_header": bytes(range(56))}, {"dev_name": GPU, "bus_type": "PCIe"})
+    rec = decode_aer(raw, newer)
+    assert (rec.dev, rec.severity, rec.errors) == (GPU, "nonfatal", ("CmpltTO",))
+    assert decode_record(raw, newer)["bus_type"] == "PCIe"
+    fatal = decode_aer(build_tp_record(DERIVED_AER_FORMAT, {"status": 1 << 18, "severity": 1}, {"dev_name": GPU}))
+    assert (fatal.severity, fatal.errors) == ("fatal", ("MalfTLP",))
+
+
+AER_EVENT_FORMAT_TEXT_NEWER = """name: aer_event
+ID: 1412
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:__data_loc char[] dev_name;\toffset:8;\tsize:4;\tsigned:0;
+\tfield:u32 status;\toffset:12;\tsize:4;\tsigned:0;
+\tfield:u8 severity;\toffset:16;\tsize:1;\tsigned:0;
+\tfield:u8 tlp_header_valid;\toffset:17;\tsize:1;\tsigned:0;
+\tfield:u32 tlp_header[14];\toffset:20;\tsize:56;\tsigned:0;
+\tfield:__data_loc char[] bus_type;\toffset:76;\tsize:4;\tsigned:0;
+"""
+
+
+def test_decode_link_event():
+    raw = build_tp_record(PCIE_LINK_EVENT_FORMAT, {"type": 4, "reason": 3, "cur_bus_speed": 0x17,
+                                                   "max_bus_speed": 0x18, "width": 8, "link_status": 0x2000},
+                          {"port_name": "0000:00:1c.0"}, pid=0)
+    rec = decode_link_event(raw)
+    assert (rec.port, rec.reason, rec.speed_gts, rec.max_speed_gts, rec.width) == ("0000:00:1c.0", "bwctrl_irq", 16.0,
+                                                                                   32.0, 8)
+    assert rec.attributes()["mcp.pcie.to_gen"] == 4
+    odd = decode_link_event(build_tp_record(PCIE_LINK_EVENT_FORMAT, {"reason": 9, "cur_bus_speed": 0xFF},
+                                            {"port_name": "x"}))
+    assert (odd.reason, odd.speed_gts) == ("reason9", None)
+
+
+def test_captured_record_strings_are_clamped_not_dropped():
+    fmt = parse_format(XID_FORMAT_TEXT)
+    raw = build_record(fmt, 177, GPU, 31, "M" * 1000)  # a message longer than the BPF copy
+    copy = raw[:512]
+    with pytest.raises(RecordError):
+        decode_record(copy, fmt)  # a whole record must hold its strings
+    rec, cut = decode_captured(copy, fmt, captured=True)
+    assert cut == ("msg",) and rec["dev"] == GPU and rec["msg"] == "M" * (512 - 33)
+    x = decode_xid(copy, fmt, captured=True)
+    assert x.truncated and x.error_code == 31
+    bad = bytearray(copy)
+    struct.pack_into("<I", bad, 16, 4 | 600 << 16)  # msg "inside" the fixed fields: not a record of this format
+    with pytest.raises(RecordError):
+        decode_captured(bytes(bad), fmt, captured=True)
+    struct.pack_into("<I", bad, 16, 40 | 9000 << 16)  # longer than the perf trace buffer can hold
+    with pytest.raises(RecordError):
+        decode_captured(bytes(bad), fmt, captured=True)
+    with pytest.raises(RecordError):
+        decode_captured(copy[:14], fmt, captured=True)  # the copy ends inside the fixed fields
+
+
+def test_aer_event_then_drop_is_one_episode_without_sysfs_counters(sysroot):
+    """The recorded tree has no aer_* files (no port driver there): ras:aer_event records alone open
+    the episode, and a drop within the window joins it."""
+    clock, dev = Clock(), gpu_dir(sysroot)
+    poller, judge = PciePoller(str(sysroot), clock), LinkJudge(aer_window_s=30)
+    assert run(poller, judge, clock, BUSY_UTIL, 1) == []
+    for _ in range(3):
+        judge.note_aer_event(GPU, "correctable", ("RxErr",))
+    judge.note_aer_event(GPU, "correctable", ("BadTLP", "RxErr"))
+    (opened,) = run(poller, judge, clock, BUSY_UTIL, 2)
+    assert (opened.event, opened.causes, opened.aer_devices) == ("opened", ("aer_errors",), (GPU,))
+    assert dict(opened.aer_delta) == {"correctable": 4, "correctable.RxErr": 4, "correctable.BadTLP": 1}
+    set_link(dev, speed="16.0")
+    (upd,) = run(poller, judge, clock, IDLE_UTIL, 4)
+    assert upd.episode_id == opened.episode_id and upd.causes == ("aer_errors", "drop_after_aer")
+    assert (upd.from_gen, upd.to_gen) == (5, 4)
+    assert dict(upd.aer_delta)["correctable"] == 4  # consumed once, not again at the next poll
+
+
+def test_aer_event_on_a_device_with_counters_is_not_counted_twice(sysroot):
+    """The kernel counts an error in sysfs and emits ras:aer_event for it: the counter delta counts,
+    the event marks the device."""
+    clock, dev = Clock(), gpu_dir(sysroot)
+    aer_files(dev)
+    poller, judge = PciePoller(str(sysroot), clock), LinkJudge()
+    run(poller, judge, clock, IDLE_UTIL, 1)
+    aer_files(dev, rx_err=2)
+    judge.note_aer_event(GPU, "correctable", ("RxErr",))
+    judge.note_aer_event(GPU, "correctable", ("RxErr",))
+    (ep,) = run(poller, judge, clock, IDLE_UTIL, 2)
+    assert dict(ep.aer_delta) == {"correctable": 2, "correctable.RxErr": 2}
+    judge.note_aer_event("0000:99:00.0", "fatal")  # a device on no GPU's path
+    run(poller, judge, clock, IDLE_UTIL, 3)
+    assert judge.aer_events_off_path == 1
