@@ -29,14 +29,18 @@ busiest process's rate x cost exceeds the budget, each busy cuLaunchKernel* symb
 its probe is attached 1/k of the time and each hit counts k (the kernel reads cu_config), the counters
 marked `sampled`. A symbol that is hardly called costs nothing and stays attached and exact.
 Each (library, symbol) keeps an on-time credit: it earns 1/k per second, spends 1 per second while
-attached; the probe goes on when a slice's worth is owed and off when the credit is spent. So the slow
-detach of a uprobe (an RCU-tasks grace period, ~0.1-0.2 s in these VMs, serialised by the kernel)
-lengthens the next off-time instead of biasing the count, and a weight change carries the credit over.
+attached; the probe goes on when a slice's worth is owed and off when the credit is spent. So a slow
+detach (a perf-event uprobe waits out an RCU-tasks grace period, ~0.1-0.2 s in these VMs, serialised by
+the kernel; a uprobe_multi link a few ms) lengthens the next off-time instead of biasing the count, and
+a weight change carries the credit over.
 Each attach traps for its own duration (~10 ms) before the program counts: the weights are chosen for
 the budget less that share of a slice.
 The scaled counts assume the probe does not change the launch rate; a launch-bound thread runs slower
 while attached, so its count is low by about its on-slice overhead share (governor_status()
 `attached_overhead`).
+
+Uprobes are attached one per (symbol, entry|return) through agent/uprobes.py: BPF uprobe_multi links
+on Linux 6.6+ (released within milliseconds), bcc's perf-event uprobes otherwise.
 
 Threads: two of its own (start()): the finder (maps, fds, exec, control) and the duty cycler, apart
 because the slices need timing that neither the pipeline's poll loop nor a finder pass that detaches a
@@ -57,6 +61,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import records as R
+from . import uprobes
 from .decode import Counters, DecodeError, Header, counters_from
 from .probes import ATTACHED, MISSING, ProbePlan
 
@@ -232,7 +237,7 @@ class SymState:
     addr: int | None = None
     state: str = "pending"  # attached | missing | alias | disabled
     reason: str = ""
-    events: list[bytes] = field(default_factory=list)  # bcc uprobe event names, while attached
+    events: list[uprobes.Handle] = field(default_factory=list)  # entry (and return) uprobe, while attached
     on_since: float | None = None
     attached_s: float = 0.0  # cumulative, for reporting
     credit: float = 0.0  # duty cycle: on-time owed (s)
@@ -279,7 +284,7 @@ class CudaProbes:
                  device_globs=("/dev/nvidia*",), slice_s: float = 0.2, control_s: float = 1.0,
                  rescan_s: float = 10.0, fd_scan_s: float = 1.0, max_call_s: float = 3600.0,
                  governor: bool = True, proc_root: str = "/proc", keep_exited_s: float = 30.0,
-                 attach_uprobes: bool = True):
+                 attach_uprobes: bool = True, uprobe_mode: str | None = None):
         self.bpf, self.plan = bpf, plan
         self.budget, self.auto_watch = budget, auto_watch
         self.device_globs = tuple(device_globs)
@@ -287,6 +292,9 @@ class CudaProbes:
         self.max_call_s, self.governor, self.proc = max_call_s, governor, proc_root
         self.keep_exited_s = keep_exited_s
         self.attach_uprobes = attach_uprobes  # False: find libraries and symbols only (`mcp-agent probes`)
+        # the mechanism, fixed per BPF object before any of its uprobe programs is loaded (uprobes.py);
+        # deciding loads only the feature probe's 2-instruction program, none of ours
+        self._up = uprobes.attacher_for(bpf, uprobe_mode)
         self.libs: dict[tuple, Library] = {}
         self.enabled = {n for n in UPROBE_ROWS + ("nvidia_ioctl", "cuda_thread_exit", "cuda_exec")
                         if n in plan.statuses and plan.statuses[n].state == ATTACHED}
@@ -341,17 +349,13 @@ class CudaProbes:
 
     def stop(self) -> None:
         """Stop the threads, detach every uprobe and our tracepoint programs (call before bpf.cleanup()).
-        Each uprobe's detach waits an RCU-tasks grace period (~0.13 s here): they run in parallel."""
+        A perf-event uprobe's detach waits an RCU-tasks grace period (~0.13 s here): they run in parallel."""
         self._stop.set()
         self._wake.set()
         for t in self._threads:
             t.join(30)
         with self._lock, self._duty_lock:
-            # Detaches in parallel share their grace periods: one by one, a process's ~40 uprobes
-            # took ~5 s here, the whole shutdown budget. (ctypes drops the GIL in the close.)
-            syms = [st for lib_ in self.libs.values() for st in lib_.syms.values() if st.events]
-            with ThreadPoolExecutor(max_workers=max(1, min(32, len(syms)))) as pool:
-                list(pool.map(self._detach, syms))
+            self._detach_all([st for lib_ in self.libs.values() for st in lib_.syms.values()])
             self.set_tracepoints(False)
 
     def set_tracepoints(self, on: bool) -> None:
@@ -412,6 +416,7 @@ class CudaProbes:
                 self.scan_pid(pid)
             if now >= self._next["rescan"]:
                 self.rescan()
+                self._sweep_exited(now)
                 self._next["rescan"] = now + self.rescan_s
             if now >= self._next["fds"]:
                 self.scan_fds()
@@ -449,37 +454,38 @@ class CudaProbes:
         self.plan.mark(row, ATTACHED, "")
 
     def _attach(self, lib_: Library, st: SymState) -> None:
-        """Attach st's entry (and return) program at its address. bcc names each event after path and
-        address; one left over from a failed detach is closed first, or bcc would drop its fd."""
-        path = lib_.path.encode()
-        evs = [self.bpf._get_uprobe_evname(b"p", path, st.addr, -1)]
-        if st.sym.ret:
-            evs.append(self.bpf._get_uprobe_evname(b"r", path, st.addr, -1))
-        for ev in evs:
-            if ev in self.bpf.uprobe_fds:
-                self.bpf.detach_uprobe_event(ev)
+        """Attach st's entry (and return) program at its address; both or neither."""
+        hs = []
         try:
-            self.bpf.attach_uprobe(name=path, addr=st.addr, fn_name=st.sym.entry.encode())
+            hs.append(self._up.attach(st.sym.entry, lib_.path, st.addr))
             if st.sym.ret:
-                self.bpf.attach_uretprobe(name=path, addr=st.addr, fn_name=st.sym.ret.encode())
+                hs.append(self._up.attach(st.sym.ret, lib_.path, st.addr, retprobe=True))
         except Exception:
-            for ev in evs:
-                if ev in self.bpf.uprobe_fds:
-                    self.bpf.detach_uprobe_event(ev)
+            for h in hs:
+                self._up.detach(h)
             raise
-        st.events = evs
-        st.on_since = time.monotonic()  # counting starts when the program is set on the event
+        st.events = hs
+        st.on_since = time.monotonic()  # counting starts when the program is set on the probe
 
     def _detach(self, st: SymState) -> None:
         if st.on_since is not None:
             st.attached_s += time.monotonic() - st.on_since
             st.on_since = None
-        for ev in st.events:
-            try:
-                self.bpf.detach_uprobe_event(ev)
-            except Exception:  # already gone with its fd
-                pass
+        for h in st.events:
+            self._up.detach(h)
         st.events = []
+
+    def _detach_all(self, sts: list[SymState]) -> None:
+        """Detach in parallel: each release waits for the kernel (a perf-event uprobe its own RCU-tasks
+        grace period, ~0.1 s: a process's ~40 took ~5 s one by one, the whole shutdown budget; a
+        uprobe_multi link ~25 ms) and parallel ones share the wait. ctypes and os.close drop the GIL."""
+        sts = [st for st in sts if st.events]
+        if len(sts) <= 1:
+            for st in sts:
+                self._detach(st)
+            return
+        with ThreadPoolExecutor(max_workers=min(32, len(sts))) as pool:
+            list(pool.map(self._detach, sts))
 
     # ---- finding libraries ----
     def _drain_exec(self, now: float) -> None:
@@ -521,11 +527,7 @@ class CudaProbes:
         self.libs.pop(lib_.key, None)
         self._update_rows()
         with self._duty_lock:
-            for st in lib_.syms.values():
-                if st.sym.probe == DUTY_PROBE:
-                    self._detach(st)
-        for st in lib_.syms.values():
-            self._detach(st)
+            self._detach_all(list(lib_.syms.values()))
 
     def _resolve(self, pid: int, m: Mapping) -> str | None:
         """A path to the mapped file that outlives pid where possible: the agent's own view of the path
@@ -653,17 +655,29 @@ class CudaProbes:
                 self._fds[pid] = want
             else:
                 self._fds.pop(pid, None)
-        for pid, since in list(self._gone.items()):
-            if now - since > self.keep_exited_s:
-                self.forget(pid)
+        self.forget(*[pid for pid, since in self._gone.items() if now - since > self.keep_exited_s])
 
-    def forget(self, tgid: int) -> None:
-        """Drop a process's per-process CUDA maps (histograms, ioctl codes, fds)."""
-        self._gone.pop(tgid, None)
-        self._fds.pop(tgid, None)
+    def _sweep_exited(self, now: float) -> None:
+        """A process that made CUDA calls or NVIDIA ioctls and exited before an fd scan saw it (they
+        look at watched processes once per fd_scan_s) left histogram and ioctl-code entries that no
+        scan would purge: they go keep_exited_s after this sweep finds them."""
+        tgids = {k.tgid for name in (b"cu_hist", b"nv_cmd") for k in self.bpf[name].keys()}
+        for tgid in tgids - self._gone.keys():
+            if not os.path.exists(f"{self.proc}/{tgid}"):
+                self._gone[tgid] = now
+        self.forget(*[pid for pid, since in self._gone.items() if now - since > self.keep_exited_s])
+
+    def forget(self, *tgids: int) -> None:
+        """Drop processes' per-process CUDA maps (histograms, ioctl codes, fds), in one pass over each."""
+        gone = set(tgids)
+        if not gone:
+            return
+        for tgid in gone:
+            self._gone.pop(tgid, None)
+            self._fds.pop(tgid, None)
         for name in (b"nv_cmd", b"cu_hist", b"nv_fds"):
             t = self.bpf[name]
-            for k in [k for k in t.keys() if k.tgid == tgid]:
+            for k in [k for k in t.keys() if k.tgid in gone]:
                 t.pop(k, None)
 
     # ---- the governor ----
@@ -816,7 +830,7 @@ class CudaProbes:
                 "overhead": round(sum(r * cost / w * (1 + self.attach_s / self.slice_s if w > 1 else 1)
                                       for f, r in busiest.items() for w in [self.weights[f]]), 4),
                 "toggles": self.toggles, "slice_s": self.slice_s, "attach_s": round(self.attach_s, 4),
-                "governor": self.governor}
+                "governor": self.governor, "uprobes": self._up.mode}
 
     def symbol_rows(self) -> list[dict]:
         """One row per (libcuda file, symbol): state and reason. A snapshot from the last service pass."""
@@ -853,7 +867,9 @@ def probe_report(bpf, plan: ProbePlan, proc_root: str = "/proc") -> str:
     cp.start(thread=False)
     cp.stop()
     rows = cp.symbol_rows()
-    return render_symbols(rows) if rows else "no process maps libcuda.so now: uprobes are attached as processes map it"
+    how = f"mechanism: {cp._up.mechanism}\n"
+    return how + (render_symbols(rows) if rows else
+                  "no process maps libcuda.so now: uprobes are attached as processes map it")
 
 
 def render_symbols(rows: list[dict]) -> str:
@@ -900,19 +916,18 @@ for line in sys.stdin:
 def _interleaved(bpf, path: str, addr: int, fn_name: str, pid: int, timed, rounds: int):
     """Timings without and with our program attached at path:addr for pid only, alternating which
     goes first each round (drift in these VMs hits both alike): (on, off) lists."""
+    up = uprobes.attacher_for(bpf)
     on, off = [], []
     for r in range(rounds):
         for attached in ((False, True) if r % 2 == 0 else (True, False)):
             if not attached:
                 off.append(timed())
                 continue
-            before = set(bpf.uprobe_fds)
-            bpf.attach_uprobe(name=path.encode(), addr=addr, fn_name=fn_name.encode(), pid=pid)
+            h = up.attach(fn_name, path, addr, pid=pid)
             try:
                 on.append(timed())
             finally:
-                for ev in set(bpf.uprobe_fds) - before:
-                    bpf.detach_uprobe_event(ev)
+                up.detach(h)
     return on, off
 
 
@@ -954,8 +969,9 @@ def calibrate_child(bpf, lib_path: str, symbol: str = "cuLaunchKernel", n: int =
 
 def calibrate(bpf, target=None, n: int = 2000, rounds: int = 7, fn_name: str = "cu_launch") -> Calibration:
     """Per-hit cost of our launch program on this host: time n calls of a tiny function with it attached
-    (this thread only) and without, interleaved; the median difference. The calling process is watched
-    meanwhile, so the program takes its full path; its traces are removed afterwards.
+    (this thread only; this process with uprobe_multi links, whose pid filter is per process) and without,
+    interleaved; the median difference. The calling process is watched meanwhile, so the program takes its
+    full path; its traces are removed afterwards.
 
     target: (library path, address, callable taking one int) or None for libc's labs()."""
     path, addr, call = target or _libc_labs()
@@ -973,7 +989,8 @@ def calibrate(bpf, target=None, n: int = 2000, rounds: int = 7, fn_name: str = "
 
     try:
         timed()  # warm
-        on, off = _interleaved(bpf, path, addr, fn_name, tid, timed, rounds)
+        pid = tid if uprobes.attacher_for(bpf).mode == uprobes.PERF else me
+        on, off = _interleaved(bpf, path, addr, fn_name, pid, timed, rounds)
     finally:
         if not was_watched:
             watch.pop(ctypes.c_uint32(me), None)

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     c.ensure_project_python()
     from bcc import BPF
 
-    from mcp_hostagent import cuda
+    from mcp_hostagent import cuda, uprobes
 
     rounds = a.rounds or (3 if a.quick else 8)
     call_ms = 200 if a.quick else 400
@@ -116,6 +116,9 @@ def main(argv=None) -> int:
     cp = cuda.CudaProbes(bpf, plan, budget=0.02, governor=False)
     cp.start()
     empty = BPF(text="int empty(struct pt_regs *ctx) { return 0; }")
+    # the floor attached the same way as ours (uprobe_multi link or perf event): the ratio compares programs
+    empty_up = uprobes.attacher_for(empty, uprobes.attacher_for(bpf).mode)
+    empty_h: list = []
     d = Driver(drv, lib)
     guard = c.Guard(10.0 if a.quick else 30.0)
     try:
@@ -123,7 +126,8 @@ def main(argv=None) -> int:
         cp.service()
         addr = libs[0].syms["cuLaunchKernel"].addr
         d.do("sym cuGraphLaunch 1")  # its first CUDA call puts it in the watch set (process.watch = gpu)
-        print(f"bench_cuda: {rounds} rounds; kernel {os.uname().release}; per-call loops of {call_ms} ms")
+        print(f"bench_cuda: {rounds} rounds; kernel {os.uname().release}; per-call loops of {call_ms} ms; "
+              f"uprobes: {empty_up.mechanism}")
 
         # ---- per-call cost: none / empty / ours / ours in a request ----
         conds = ["none", "empty", "ours", "ours_marked"]
@@ -134,15 +138,15 @@ def main(argv=None) -> int:
             for cond in conds[r % 4:] + conds[:r % 4]:
                 cp.pause(cond not in ("ours", "ours_marked"))
                 if cond == "empty":
-                    empty.attach_uprobe(name=lib.encode(), addr=addr, fn_name=b"empty")
+                    empty_h.append(empty_up.attach("empty", lib, addr))
                 if cond == "ours_marked":
                     d.do("begin 4242")
                 m[cond] = d.do(f"loop {call_ms} 0")[1]
                 if cond == "ours_marked":
                     d.do("end 4242")
                 if cond == "empty":
-                    for ev in list(empty.uprobe_fds):
-                        empty.detach_uprobe_event(ev)
+                    while empty_h:
+                        empty_up.detach(empty_h.pop())
             guard.after()
             rounds_per.append(m)
             print(f"  round {r + 1}/{rounds}: " + ", ".join(f"{k} {m[k]:.0f}" for k in conds) + " ns/call",
@@ -161,7 +165,7 @@ def main(argv=None) -> int:
                                 ("empty", empty, b"empty")):
                 cp.pause(cond == "empty")
                 if cond == "empty":
-                    empty.attach_uprobe(name=lib.encode(), addr=addr, fn_name=b"empty")
+                    empty_h.append(empty_up.attach("empty", lib, addr))
                 d.do("begin 4343") if cond == "ours_marked" else None
                 t0, n0 = prog_stats(b, fn)
                 d.do(f"loop {call_ms} 0")
@@ -169,8 +173,8 @@ def main(argv=None) -> int:
                 d.do("end 4343") if cond == "ours_marked" else None
                 run_ns[cond] = (t1 - t0) / max(1, n1 - n0)
                 if cond == "empty":
-                    for ev in list(empty.uprobe_fds):
-                        empty.detach_uprobe_event(ev)
+                    while empty_h:
+                        empty_up.detach(empty_h.pop())
         print(f"  program run time per hit (bpf_stats): ours {run_ns['ours']:.0f} ns, in a request "
               f"{run_ns['ours_marked']:.0f} ns, empty {run_ns['empty']:.0f} ns", flush=True)
 
@@ -204,10 +208,13 @@ def main(argv=None) -> int:
     finally:
         d.close()
         cp.stop()
+        while empty_h:
+            empty_up.detach(empty_h.pop())
         empty.cleanup()
 
     unclean = guard.clean.count(False) + gguard.clean.count(False)
     results = {"machine": c.machine(), "rounds": rounds, "unclean_conditions": unclean, "per_call": per,
+               "uprobes": empty_up.mode,
                "program_run_ns": run_ns,
                "governor": gov, "governor_status": status, "calibration": cp.calibration.__dict__}
     rows, summary = [], []
