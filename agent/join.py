@@ -98,6 +98,10 @@ class RequestJoiner:
 
     def _finish(self, begin, tgid, tid, request_id, comm, cgroup_id, begin_ns, end_ns, reason, counters):
         stalls = tuple(self.stalls.pop((tgid, tid), ()))
+        if begin is not None and begin.request_id != request_id:
+            # the thread's earlier request, whose END was lost (and this one's BEGIN): its stalls are not ours
+            self.rejected["end_lost"] += 1
+            stalls = ()
         if begin is None or begin.request_id != request_id:
             self.rejected["begin_lost"] += 1
             parent, state = None, "begin_lost"

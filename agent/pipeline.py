@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 from . import cuda, discovery, kernel, loader, memstat, probes
 from .config import Config
-from .decode import Counters, DecodeError, Kswapd, ProcExit, ReclaimStall, ReqBegin, ReqEnd, counters_from, decode
+from .decode import Counters, DecodeError, Kswapd, ProcExit, ReclaimStall, ReqBegin, ReqEnd, TpRaw, counters_from, decode
 from .gpuhealth import GpuHealth
 from .identity import ProcessRegistry, container_from_cgroup_path
 from .join import RequestJoiner
+from .pcie import RecordError
 from .reclaim import KswapdTracker, StormDetector, Thresholds, Window
 from .snapshot import SnapshotBuilder
 from .records import C, KERNEL_STATS
@@ -34,6 +35,12 @@ WATCH_SCAN_S = 5.0
 EXPIRY_SCAN_S = 5.0
 EXITED_KEEP_S = 30.0
 IDENTITY_TTL_S = 1.0
+# The map read's rows (metrics, `top`) revalidate an identity that has not changed for this long only
+# this often: every watched process's lookup every tick was ~1% of a core with --watch all and ~100
+# processes (kernel threads, without a command line, are described afresh on every lookup), and
+# metrics go out every 10 s. A young or just exec'd process is still checked every IDENTITY_TTL_S.
+ROW_IDENTITY_TTL_S = 5.0
+LOST_LOG_INTERVAL_S = 30.0  # ring-buffer losses: counted always, a log line at most this often
 STEP_TYPE = cuda.EV_GPU_STEP.to_bytes(2, "little")  # zero-touch GPU step records, decoded by cuda.py  # keep an exited process's final counters for a couple of metric exports
 
 
@@ -109,7 +116,7 @@ class Agent:
         self.telemetry: Telemetry | None = None
         self.plan: probes.ProbePlan | None = None
         self._exited: dict[int, tuple[float, dict, Counters]] = {}
-        self._attrs_cache: dict[int, tuple[float, dict]] = {}
+        self._attrs_cache: dict[int, tuple[float, dict, float]] = {}  # pid -> (checked, attrs, same since)
         self.cuda: cuda.CudaProbes | None = None
         self.kswapd = KswapdTracker()
         self.proc_rows: dict[int, tuple[dict, Counters]] = {}  # the last map read, for the snapshots
@@ -123,7 +130,9 @@ class Agent:
                              nvml_module=nvml_module, sysfs_root=sysfs_root)
         self._next_watch = self._next_expiry = 0.0
         self._last_error_log = 0.0
+        self._lost_log = (float("-inf"), 0)  # (when, kernel losses then) of the last loss line
         self._stopped = False
+        self._watch_written: set[int] = set()  # pids _refresh_watch put in watch_tgid
 
     # ---- start / stop ----
     def start(self) -> StartReport:
@@ -154,7 +163,8 @@ class Agent:
         self.telemetry = Telemetry(service_name=cfg.service_name, exporters=exporters, timebase=self.timebase,
                                    health=self.health, max_queue_size=cfg.export_max_queue_size,
                                    metric_interval_s=cfg.export_metric_interval_s)
-        for src in self.gpu.start():
+        xid_probe = self.plan.statuses.get("gpu_xid")
+        for src in self.gpu.start(bpf_xid=xid_probe is not None and xid_probe.state == probes.ATTACHED):
             self.health.probes[src.name] = src.state
             self.health.source_reasons[src.name] = src.reason
         self.telemetry.watch_gpus(self.gpu)
@@ -172,7 +182,7 @@ class Agent:
             # Each tracepoint detach waits for an RCU grace period (~75 ms here); bcc's cleanup()
             # does them one by one, ~1.5 s for 20 probes. In parallel they share the grace periods.
             tps = [s.spec.tracepoint.encode() for s in self.plan.statuses.values()
-                   if s.spec.kind == "tracepoint" and s.state == probes.ATTACHED] if self.plan else []
+                   if s.spec.kind in probes.TRACEPOINT_KINDS and s.state == probes.ATTACHED] if self.plan else []
             threads = [threading.Thread(target=self._detach_tp, args=(x.bpf, tp)) for tp in tps]
             for t in threads:
                 t.start()
@@ -231,9 +241,7 @@ class Agent:
             self._next_expiry = now + min(EXPIRY_SCAN_S, self.cfg.requests_idle_expiry_s / 2)
         self._read_maps()
         if self.telemetry is not None:
-            for ep in self.gpu.tick():
-                self.telemetry.link_episode(ep)
-                self.snapshots.on_link_episode(ep)
+            self._link_episodes(self.gpu.tick())
         if time.monotonic_ns() - self._win_start >= self.cfg.reclaim_window_s * 1e9:
             self._reclaim_window()
         self.snapshots.on_tick(self)
@@ -364,10 +372,20 @@ class Agent:
             self._proc_attrs(rec.hdr.tgid, rec.hdr.comm)  # while it surely lives
         elif isinstance(rec, ReqEnd):
             self._emit(self.joiner.on_end(rec))
+            if rec.reason == "thread_exit" and rec.hdr.tid == rec.hdr.tgid:
+                # the process is exiting: without a proc_stats entry it sends no PROC_EXIT, and a
+                # process started at its pid within IDENTITY_TTL_S would get this one's identity
+                self.registry.forget(rec.hdr.tgid)
+                self._attrs_cache.pop(rec.hdr.tgid, None)
         elif isinstance(rec, ReclaimStall):
             self.joiner.on_stall(rec)
         elif isinstance(rec, Kswapd):
             (self.kswapd.wake if rec.awake else self.kswapd.sleep)(rec.nid, rec.hdr.ts_ns)
+        elif isinstance(rec, TpRaw):  # GPU and PCIe health tracepoints (health.bpf.c)
+            try:
+                self._link_episodes(self.gpu.on_tp_raw(rec))
+            except RecordError:
+                self.health.rejected["tracepoint_record"] += 1
         elif isinstance(rec, cuda.GpuStep):
             self.telemetry.emit_gpu_step(rec, self._proc_attrs(rec.hdr.tgid, rec.hdr.comm))
         elif isinstance(rec, ProcExit):
@@ -378,19 +396,24 @@ class Agent:
             self.registry.forget(rec.hdr.tgid)
             self._attrs_cache.pop(rec.hdr.tgid, None)
 
-    def _proc_attrs(self, pid: int, comm: bytes = b"") -> dict:
+    def _link_episodes(self, episodes) -> None:
+        for ep in episodes:
+            self.telemetry.link_episode(ep)
+            self.snapshots.on_link_episode(ep)
+
+    def _proc_attrs(self, pid: int, comm: bytes = b"", ttl_s: float = IDENTITY_TTL_S) -> dict:
         """Identity attributes, looked up (psutil, /proc) at most once per IDENTITY_TTL_S per pid: a
         lookup costs ~150 us, and a serving process ends hundreds of requests a second. Process exit
-        drops the entry (PROC_EXIT), and the registry's (pid, start time) check catches pid reuse at
-        the next refresh."""
+        drops the entry (PROC_EXIT, or the main thread's exit inside a request), and the registry's
+        (pid, start time) check catches pid reuse at the next refresh."""
         now = time.monotonic()
         hit = self._attrs_cache.get(pid)
-        if hit is not None and now - hit[0] < IDENTITY_TTL_S:
+        if hit is not None and now - hit[0] < (ttl_s if now - hit[2] >= ttl_s else IDENTITY_TTL_S):
             return hit[1]
         attrs = self.registry.attributes(self.registry.lookup(pid, comm))
         if len(self._attrs_cache) >= 8192:
             self._attrs_cache.clear()
-        self._attrs_cache[pid] = (now, attrs)
+        self._attrs_cache[pid] = (now, attrs, hit[2] if hit is not None and hit[1] == attrs else now)
         return attrs
 
     def _emit(self, fr) -> None:
@@ -415,9 +438,31 @@ class Agent:
             if label:
                 totals[label] = sum(v)
         self.health.kernel_stats = totals
+        lost, (at, logged) = self.health.kernel_lost(), self._lost_log
+        if lost > logged and time.monotonic() - at >= LOST_LOG_INTERVAL_S:
+            self._lost_log = (time.monotonic(), lost)
+            log.warning("ring buffer full: %d records lost in the kernel (%d since start), counted in "
+                        "mcp.agent.events.lost{mcp.where=kernel}; next report in %.0f s at the earliest",
+                        lost - logged, lost, LOST_LOG_INTERVAL_S)
         rows = {}
-        for k, v in b[b"proc_stats"].items():
-            rows[k.value] = (self._proc_attrs(k.value), counters_from(v))
+        table, gone = b[b"proc_stats"], []
+        for k, v in table.items():
+            pid = k.value
+            if pid in self._exited:
+                # With watch=all a dead task's last sched_switch re-creates the entry its exit probe
+                # deleted (post-exit counts: a switch or two). Left there, every process that ever
+                # exited stays in the map (up to MCP_MAX_PROCS, then live ones go uncounted), is looked
+                # up and exported every tick: agent CPU grew with the host's process churn. The exit
+                # record's counters stand; the remnant goes once /proc says the process is gone.
+                if not os.path.exists(f"{self.proc_root}/{pid}"):
+                    gone.append(k)
+                continue
+            rows[pid] = (self._proc_attrs(pid, ttl_s=ROW_IDENTITY_TTL_S), counters_from(v))
+        for k in gone:
+            try:
+                del table[k]
+            except KeyError:
+                pass
         now = time.monotonic()
         for pid, (until, attrs, c) in list(self._exited.items()):
             if now > until:
@@ -451,6 +496,23 @@ class Agent:
         table = self.bpf[b"watch_tgid"]
         for pid in want:
             table[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        # A process that exited between the /proc walk and this write got an entry after its exit
+        # had cleared it in the kernel: nothing else would remove it. Each refresh removes ours of
+        # processes now gone (zombies included) and keeps following the rest.
+        follow = set(want)
+        for pid in self._watch_written - follow:
+            if self._pid_gone(pid):
+                table.pop(ctypes.c_uint32(pid), None)
+            else:
+                follow.add(pid)
+        self._watch_written = follow
+
+    def _pid_gone(self, pid: int) -> bool:
+        try:
+            with open(f"{self.proc_root}/{pid}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+        except (OSError, IndexError):
+            return True
 
     def _expire(self) -> None:
         b = self.bpf
@@ -481,7 +543,7 @@ class Agent:
     def status_line(self) -> str:
         h, s = self.health, self.telemetry.stats.snapshot() if self.telemetry else {}
         c = self.plan.counts() if self.plan else {}
-        rejected = sum(self.telemetry._rejected().values()) if self.telemetry else 0
+        rejected = sum(self.telemetry.rejected().values()) if self.telemetry else 0
         return (f"probes {c.get('attached', 0)}/{len(self.plan.statuses) if self.plan else 0} | "
                 f"requests {sum(h.requests.values())} open {len(self.joiner.open)} | "
                 f"spans exported {s.get('spans_exported', 0)} dropped "

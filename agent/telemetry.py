@@ -8,6 +8,7 @@ they exist, `mcp.*` for ours (docs/TELEMETRY.md).
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections import Counter
@@ -23,6 +24,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from . import __version__
+from . import records as R
 from .decode import Counters
 from .join import FinishedRequest
 from .reclaim import Episode
@@ -36,6 +38,23 @@ STORM_SPAN = "mcp.reclaim_storm"
 LINK_SPAN = "mcp.pcie.link_episode"
 STEP_SPAN = "mcp.gpu_step"
 KEEP_CLOSED_STORMS = 32
+# The batch span processor exports what is queued once per schedule delay (sooner when 512 spans are
+# queued), so a span waits for the next export: uniformly over one period plus an export, then the
+# export. At 1000 ms the p99 from a request's end to its span at a loopback collector was 1.0-1.1 s
+# (bench/bench_latency.py), over the 1 s target; 500 ms leaves half the budget to the export and the
+# collector. A wake-up with nothing queued exports nothing; with spans flowing it is one more export
+# call a second (~1-3 ms of CPU), and above ~1,000 spans/s the 512-span trigger decides anyway.
+SPAN_SCHEDULE_DELAY_MS = 500.0
+
+
+def span_schedule_delay_ms(env=None) -> float:
+    """OTEL_BSP_SCHEDULE_DELAY (ms, the SDK's own variable) when set to a positive number, else ours."""
+    raw = (os.environ if env is None else env).get("OTEL_BSP_SCHEDULE_DELAY", "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return SPAN_SCHEDULE_DELAY_MS
+    return value if value > 0 else SPAN_SCHEDULE_DELAY_MS
 
 
 def clean(attrs: dict) -> dict:
@@ -151,7 +170,7 @@ def episode_attributes(ep: Episode) -> dict:
 
 class Telemetry:
     def __init__(self, *, service_name: str, exporters: Exporters, timebase: Timebase, health: AgentHealth,
-                 max_queue_size: int = 8192, metric_interval_s: float = 10.0, schedule_delay_ms: float = 1000):
+                 max_queue_size: int = 8192, metric_interval_s: float = 10.0, schedule_delay_ms: float | None = None):
         self.timebase = timebase
         self.health = health
         self.stats = exporters.stats
@@ -170,7 +189,8 @@ class Telemetry:
         })
         self.tracer_provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
         self.tracer_provider.add_span_processor(CountingBatchSpanProcessor(
-            exporters.span_exporter, self.stats, max_queue_size=max_queue_size, schedule_delay_ms=schedule_delay_ms))
+            exporters.span_exporter, self.stats, max_queue_size=max_queue_size,
+            schedule_delay_ms=span_schedule_delay_ms() if schedule_delay_ms is None else schedule_delay_ms))
         self.tracer = self.tracer_provider.get_tracer("mcp_hostagent", __version__)
         self.readers = [PeriodicExportingMetricReader(m, export_interval_millis=metric_interval_s * 1000)
                         for m in exporters.metric_exporters]
@@ -336,7 +356,7 @@ class Telemetry:
             (p.used_memory_bytes, {"process.pid": p.pid}) for p in (s.processes or ())]), unit="By")
         m.create_observable_counter("mcp.gpu.xid", [lambda options: [
             Observation(n, {"mcp.gpu.xid": code}) for code, n in dict(gpu.xid.counts).items()]],
-            description="Xid errors by code (NVML events)")
+            description="Xid errors by code (the nvidia:nvidia_dev_xid BPF probe, else NVML events)")
 
         def links(options):
             snap = gpu.last_pcie
@@ -356,6 +376,10 @@ class Telemetry:
 
         m.create_observable_gauge("mcp.pcie.link", [links], description="sysfs link state of GPUs and their bridges")
         m.create_observable_counter("mcp.pcie.aer.errors", [aer], description="AER error counts from sysfs")
+        m.create_observable_counter("mcp.pcie.tracepoint_events", [lambda options: [
+            Observation(n, {"mcp.pcie.event": ev, "mcp.pcie.bdf": bdf})
+            for (ev, bdf), n in dict(gpu.pcie_event_counts).items()]],
+            description="ras:aer_event and pci:pcie_link_event records, by device (BPF)")
         m.create_observable_gauge("mcp.pcie.link_episode.active", [lambda options: [
             Observation(sum(1 for r in self._link_eps.values() if r.end_ns is None), {})]])
         m.create_observable_counter("mcp.nic.link_events", [lambda options: [
@@ -373,8 +397,31 @@ class Telemetry:
         """rows: pid -> (identity attributes, cumulative counters since the agent saw the process);
         faults: pid -> (minflt, majflt) since the process started, from /proc/PID/stat."""
         with self._lock:
+            gone = self._proc_rows.keys() - rows.keys()
             self._proc_rows = dict(rows)
             self._proc_faults = dict(faults or {})
+        if gone:
+            self._forget_processes(gone)
+
+    def _forget_processes(self, pids: set[int]) -> None:
+        """Drop the SDK's state for processes no longer reported. The SDK keeps every attribute set an
+        asynchronous instrument ever observed: memory grew with every process the host ever ran, and
+        from the 2,000th set (its default cardinality limit) each instrument merged new processes into
+        one `otel.metric.overflow` point (~3 minutes of `--watch all` on a host starting 10 processes a
+        second). SDK internals, read with getattr: an SDK that renames them forgets nothing, as before."""
+        consumer = getattr(self.meter_provider, "_measurement_consumer", None)
+        for storage in list(getattr(consumer, "_reader_storages", {}).values()):
+            for inst, matches in list(getattr(storage, "_instrument_view_instrument_matches", {}).items()):
+                if not str(getattr(inst, "name", "")).startswith("mcp.process."):
+                    continue
+                for match in matches:
+                    aggs, lock = getattr(match, "_attributes_aggregation", None), getattr(match, "_lock", None)
+                    if not isinstance(aggs, dict) or lock is None:
+                        continue
+                    with lock:
+                        for key in [k for k, a in aggs.items()
+                                    if (getattr(a, "_attributes", None) or {}).get("process.pid") in pids]:
+                            del aggs[key]
 
     def _proc_obs(self, pick):
         def cb(options: CallbackOptions):
@@ -433,7 +480,7 @@ class Telemetry:
             (h.kernel_lost(), {"mcp.where": "kernel"}), (h.user_lost, {"mcp.where": "user"})]),
             description="records lost: ring buffer full (kernel) or failed to handle (user)")
         m.create_observable_counter("mcp.agent.records.rejected", obs(lambda: [
-            (v, {"mcp.reason": k}) for k, v in self._rejected().items()]),
+            (v, {"mcp.reason": k}) for k, v in self.rejected().items()]),
             description="markers and records rejected, by reason")
         m.create_observable_counter("mcp.agent.spans.exported", obs(lambda: [
             (self.stats.snapshot().get("spans_exported", 0), {})]), description="spans the exporters accepted")
@@ -469,8 +516,9 @@ class Telemetry:
         m.create_observable_counter("mcp.host.page_faults", obs("host_faults"), unit="{fault}",
                                     description="host page faults by type (minor, major) from /proc/vmstat")
 
-    def _rejected(self) -> dict[str, int]:
-        out = {k: v for k, v in self.health.kernel_stats.items() if k != "rb_lost"}
+    def rejected(self) -> dict[str, int]:
+        """Records and markers refused or dropped, by reason: the kernel's and user space's."""
+        out = {k: v for k, v in self.health.kernel_stats.items() if k not in R.ACTIVITY_STATS}
         for k, v in self.health.rejected.items():
             out[k] = out.get(k, 0) + v
         return out

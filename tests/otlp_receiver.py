@@ -2,8 +2,9 @@
 
 `GrpcReceiver` serves the collector's TraceService/MetricsService over gRPC; `HttpReceiver` serves
 OTLP/HTTP (`POST /v1/traces`, `/v1/metrics`, application/x-protobuf, optionally gzip/deflate). Both
-listen on 127.0.0.1 with a kernel-chosen port, keep every accepted request, and can be told to fail
-(`receiver.fail = True`: gRPC UNAVAILABLE / HTTP 503, both retryable per the OTLP spec) for outage tests.
+listen on 127.0.0.1 (or `host`: an address inside a network namespace) with a kernel-chosen port, keep
+every accepted request, and can be told to fail (`receiver.fail = True`: gRPC UNAVAILABLE / HTTP 503,
+both retryable per the OTLP spec) for outage tests.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class ReceivedMetric:
 
 
 class _Receiver:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.fail = False
         self.rejected = 0
         self.trace_requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
@@ -129,15 +131,15 @@ class _Receiver:
 class GrpcReceiver(_Receiver):
     """credentials: grpc.ssl_server_credentials(...) for a TLS (or, requiring client certs, mTLS) receiver."""
 
-    def __init__(self, credentials: grpc.ServerCredentials | None = None) -> None:
-        super().__init__()
+    def __init__(self, credentials: grpc.ServerCredentials | None = None, host: str = "127.0.0.1") -> None:
+        super().__init__(host)
         self._server: grpc.Server | None = None
         self._credentials = credentials
         self.port: int | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"{'https' if self._credentials else 'http'}://127.0.0.1:{self.port}"
+        return f"{'https' if self._credentials else 'http'}://{self.host}:{self.port}"
 
     def _handle(self, request, context, response):
         if not self._accept(request, dict(context.invocation_metadata())):
@@ -159,9 +161,9 @@ class GrpcReceiver(_Receiver):
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), self._server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), self._server)
         if self._credentials is not None:
-            self.port = self._server.add_secure_port(f"127.0.0.1:{self.port or 0}", self._credentials)
+            self.port = self._server.add_secure_port(f"{self.host}:{self.port or 0}", self._credentials)
         else:  # a restart after stop() listens on the same port again (collector outage tests)
-            self.port = self._server.add_insecure_port(f"127.0.0.1:{self.port or 0}")
+            self.port = self._server.add_insecure_port(f"{self.host}:{self.port or 0}")
         self._server.start()
 
     def stop(self) -> None:
@@ -179,9 +181,9 @@ class HttpReceiver(_Receiver):
         ),
     }
 
-    def __init__(self, ssl_context=None) -> None:
+    def __init__(self, ssl_context=None, host: str = "127.0.0.1") -> None:
         """ssl_context: a server-side ssl.SSLContext for HTTPS (verify_mode CERT_REQUIRED: mTLS)."""
-        super().__init__()
+        super().__init__(host)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._ssl = ssl_context
@@ -192,7 +194,7 @@ class HttpReceiver(_Receiver):
 
     @property
     def endpoint(self) -> str:
-        return f"{'https' if self._ssl else 'http'}://127.0.0.1:{self.port}"
+        return f"{'https' if self._ssl else 'http'}://{self.host}:{self.port}"
 
     def start(self) -> None:
         receiver = self
@@ -228,7 +230,7 @@ class HttpReceiver(_Receiver):
                     return self._reply(503, b"receiver told to fail")
                 self._reply(200, response_type().SerializeToString(), "application/x-protobuf")
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer((self.host, 0), Handler)
         if self._ssl is not None:  # the handshake runs in the worker thread, on the first read
             self._server.socket = self._ssl.wrap_socket(self._server.socket, server_side=True,
                                                         do_handshake_on_connect=False)
