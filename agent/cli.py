@@ -258,7 +258,7 @@ def _start_agent(cfg, progress, echo, reloads):
         echo(f"  export:   {sink}")
     echo("  mark requests: python -c 'from mcp_hostagent.marker import request' (docs/MARKER.md); Ctrl-C stops")
     _reload_metrics(agent, reloads)
-    return agent, serve(agent.snapshots, echo, cfg.control_socket)
+    return agent, serve(agent.snapshots, echo, cfg.control_socket, cfg.control_group)
 
 
 def _reload_metrics(agent, reloads) -> None:

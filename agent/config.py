@@ -15,6 +15,7 @@ Regenerate the example file with ``python -m mcp_hostagent.config > packaging/co
 
 from __future__ import annotations
 
+import grp
 import json
 import math
 import os
@@ -103,6 +104,20 @@ def _headers_file(v: str) -> str:
     return v
 
 
+def _group(v: str) -> str:
+    """A group name that exists here, or a numeric gid (which needs no name: a container's /etc/group
+    may lack the host's groups). Resolved again when the socket is made."""
+    if v.isascii() and v.isdigit():
+        if int(v) >= 0xFFFFFFFF:  # (gid_t)-1 means "unchanged" to chown(2)
+            raise ValueError("not a valid gid")
+        return v
+    try:
+        grp.getgrnam(v)
+    except KeyError:
+        raise ValueError("no such group (a name in /etc/group or a numeric gid)") from None
+    return v
+
+
 _PROBE_NAME = re.compile(r"[a-z0-9_.:-]+\Z")
 
 
@@ -181,6 +196,9 @@ SETTINGS: tuple[Setting, ...] = (
     S("control.socket", "str", "/run/mcp-hostagent/agent.sock",
       'Unix socket (mode 0660, no TCP) on which `mcp-agent run` serves snapshots to `mcp-agent top`; "" or "none" disables it',
       check=_none_is_empty),
+    S("control.group", "str", None,
+      "Group (name or numeric gid) given the control socket, whose members may then use `mcp-agent top`; unset: root's",
+      optional=True, check=_group),
     S("status.interval_s", "float", 1.0, "Seconds between status reports", min=0.1, max=60),
     S("status.enabled", "bool", True, "Report the agent's status periodically"),
     S("log.level", "choice", "info", "Log level", choices=("debug", "info", "warning", "error")),
@@ -235,6 +253,7 @@ class Config:
     pcie_busy_util_pct: float
     nic_enabled: bool
     control_socket: str
+    control_group: str | None
     status_interval_s: float
     status_enabled: bool
     log_level: str

@@ -1,8 +1,9 @@
 """The running agent's local control socket: snapshots for `mcp-agent top` and scripts.
 
 A Unix stream socket (setting control.socket: default /run/mcp-hostagent/agent.sock), mode
-0660: root and the socket's group may connect; there is no TCP listener. Requests and answers are
-newline-delimited JSON, one answer line per request line, on a connection the client may keep:
+0660: root and the socket's group (setting control.group; unset: root's) may connect; there is no
+TCP listener. Requests and answers are newline-delimited JSON, one answer line per request line, on
+a connection the client may keep:
 
     {"op": "ping"}      -> {"ok": true, "pid": ..., "version": ...}
     {"op": "snapshot"}  -> the latest snapshot.Snapshot as JSON (a bare `snapshot` line works too)
@@ -14,6 +15,7 @@ costs one thread until its timeout and nothing else.
 
 from __future__ import annotations
 
+import grp
 import json
 import logging
 import os
@@ -55,12 +57,37 @@ def _connect(path: str, timeout_s: float) -> socket.socket:
     return s
 
 
+def resolve_group(group: str | int | None) -> int | None:
+    """control.group -> gid (None: leave the socket's group alone). ControlError for an unknown name:
+    config.py checked it at load, but /etc/group may have changed since (SIGHUP reloads re-check)."""
+    if group is None or group == "":
+        return None
+    if isinstance(group, int):
+        return group
+    if group.isascii() and group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ControlError(f"control.group {group!r}: no such group") from None
+
+
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
 class ControlServer:
     def __init__(self, builder, path: str | None = None, mode: int = 0o660, max_clients: int = 8,
-                 idle_timeout_s: float = 30.0):
+                 idle_timeout_s: float = 30.0, group: str | int | None = None):
         self.builder = builder
         self.path = path or DEFAULT_SOCKET
         self.mode = mode
+        self.group = group
+        self.gid: int | None = None  # the socket's group once started
+        self.group_error: str | None = None  # control.group could not be applied: why, with a hint
         self.idle_timeout_s = idle_timeout_s
         self._slots = threading.BoundedSemaphore(max_clients)
         self._sock: socket.socket | None = None
@@ -70,7 +97,10 @@ class ControlServer:
         self.served = 0
 
     def start(self) -> None:
-        """Bind and serve on a thread. Raises ControlError when another agent already answers there."""
+        """Bind and serve on a thread. Raises ControlError when another agent already answers there.
+        A control.group that cannot be given (no CAP_CHOWN, not a member) leaves the socket root's
+        group, reachable by root only, and says why in group_error."""
+        want_gid = resolve_group(self.group)
         d = os.path.dirname(self.path) or "."
         os.makedirs(d, mode=0o755, exist_ok=True)
         if os.path.lexists(self.path):
@@ -83,8 +113,9 @@ class ControlServer:
                 pass  # stale: replaced by the rename below
             else:
                 raise ControlError(f"another agent already serves {self.path}")
-        # Bind under a temporary name, set the mode, then rename over the final name: the socket is
-        # never reachable with the umask's mode, and os.umask (process-wide) is left alone.
+        # Bind under a temporary name, set the mode and group, then rename over the final name: the
+        # socket is never reachable with the umask's mode or by another group, and os.umask
+        # (process-wide) is left alone.
         tmp = f"{self.path}.{os.getpid()}.tmp"
         if os.path.lexists(tmp):
             os.unlink(tmp)
@@ -92,6 +123,14 @@ class ControlServer:
         try:
             s.bind(tmp)
             os.chmod(tmp, self.mode)
+            if want_gid is not None:
+                try:
+                    os.chown(tmp, -1, want_gid)
+                except PermissionError:
+                    self.group_error = (f"not given to group {group_name(want_gid)}: chown: Operation not "
+                                        "permitted; HINT: the agent needs CAP_CHOWN or membership of that group "
+                                        "(systemd: SupplementaryGroups=)")
+            self.gid = os.stat(tmp).st_gid
             os.rename(tmp, self.path)
             s.listen(16)
         except OSError as e:
@@ -107,6 +146,15 @@ class ControlServer:
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
+        if self._sock is not None:
+            # a connection of our own wakes accept(), so stopping does not wait out its timeout (0.5 s
+            # of every stop); shutdown() of a listening AF_UNIX socket does not wake a poller
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as w:
+                    w.settimeout(0.2)
+                    w.connect(self.path)  # (bound under a temporary name, then renamed: not getsockname())
+            except OSError:
+                pass
         if self._thread is not None:
             self._thread.join(timeout_s)
         if self._sock is not None:
@@ -128,6 +176,9 @@ class ControlServer:
                 if self._stop.is_set():
                     return
                 continue
+            if self._stop.is_set():
+                conn.close()
+                return
             if not self._slots.acquire(blocking=False):
                 try:
                     conn.sendall(b'{"error":"too many clients"}\n')
@@ -249,16 +300,19 @@ def agent_answers(path: str | None = None, timeout_s: float = 1.0) -> bool:
         c.close()
 
 
-def serve(builder, echo, path: str) -> ControlServer | None:
+def serve(builder, echo, path: str, group: str | None = None) -> ControlServer | None:
     """Start serving for `mcp-agent run`: one line on what happened; a failure costs the socket only."""
     if not path:
         echo('  control:  off (control.socket = "")')
         return None
-    srv = ControlServer(builder, path)
+    srv = ControlServer(builder, path, group=group)
     try:
         srv.start()
     except (ControlError, OSError) as e:
         echo(f"  control:  not served: {e}")
         return None
-    echo(f"  control:  {srv.path} (mode {srv.mode:04o}; `mcp-agent top` attaches here)")
+    owner = f"group {group_name(srv.gid)}"
+    if srv.group_error:
+        owner += f", {srv.group_error}"
+    echo(f"  control:  {srv.path} (mode {srv.mode:04o}, {owner}; `mcp-agent top` attaches here)")
     return srv

@@ -21,6 +21,8 @@ import json
 import logging
 import math
 import os
+import re
+import shlex
 import socket
 import threading
 import time
@@ -49,6 +51,12 @@ CTX_HEAVY_MS_PER_S = 50.0
 # to Gen1 at idle on purpose (the same rule as pcie.LinkJudge's speed_under_load). A narrower width
 # than the maximum is degraded always.
 LINK_BUSY_UTIL_PCT = 10.0
+
+# NIC findings: a carrier that comes back after a loss is a flap (netlink.NicWatcher counts them over
+# its flap window, 60 s); this many in the window make the comeback a "flapping" finding.
+NIC_FLAP_WINDOW_S = 60.0
+NIC_FLAPPING = 3
+MAX_NICS = 256  # interfaces listed in a snapshot (a node with many pods has a veth per pod)
 
 LAUNCH_FIELDS = ("cu_launch", "cu_launch_ptsz", "cu_launch_ex", "cu_launch_ex_ptsz", "cu_graph_launch")
 
@@ -94,6 +102,19 @@ class KswapdView:
 
 
 @dataclass(frozen=True)
+class NicView:
+    """One network interface as the netlink watcher last saw it."""
+
+    name: str = ""
+    admin_up: bool = False
+    carrier: bool = False
+    operstate: str = ""
+    speed_mbps: int | None = None
+    flaps: int = 0  # carrier comebacks seen within NIC_FLAP_WINDOW_S
+    down_since_wall_ns: int | None = None  # the carrier went away while watched and is not back
+
+
+@dataclass(frozen=True)
 class HostView:
     hostname: str = ""
     kernel: str = ""
@@ -109,6 +130,8 @@ class HostView:
     gpus: tuple[GpuView, ...] = ()
     xid_total: int | None = None
     nvml: str | None = None  # "ok", or why there are no GPU figures
+    nics: tuple[NicView, ...] = ()
+    nic: str | None = None  # "ok", or why there are no NIC figures
 
 
 @dataclass(frozen=True)
@@ -163,8 +186,10 @@ class RequestView:
 @dataclass(frozen=True)
 class Finding:
     t_wall_ns: int = 0
-    kind: str = ""  # reclaim_storm_open | reclaim_storm_close | link_degraded | link_restored | ctx_switch_heavy | xid
-    subject: str = ""  # scope, GPU, or pid
+    # reclaim_storm_open | reclaim_storm_close | link_degraded | link_restored | ctx_switch_heavy | xid |
+    # nic_carrier_down | nic_carrier_up | nic_flapping | nic_speed_down | nic_speed_up
+    kind: str = ""
+    subject: str = ""  # scope, GPU, pid, or interface
     text: str = ""
 
 
@@ -216,7 +241,7 @@ class Snapshot:
 _NESTED = {
     (Snapshot, "host"): HostView, (Snapshot, "processes"): ProcView, (Snapshot, "containers"): ProcView,
     (Snapshot, "findings"): Finding, (Snapshot, "requests"): RequestView, (Snapshot, "agent"): AgentView,
-    (HostView, "kswapd"): KswapdView, (HostView, "gpus"): GpuView,
+    (HostView, "kswapd"): KswapdView, (HostView, "gpus"): GpuView, (HostView, "nics"): NicView,
 }
 
 
@@ -315,6 +340,10 @@ def numa_nodes(sys_root: str = "/sys") -> set[int]:
 
 def short_command(command_line: str) -> str:
     """`/usr/bin/python3 -m vllm ...` -> `python3 -m vllm ...`: the path of argv[0] says least."""
+    m = re.match(r"'([^']*)'(?=\s|$)", command_line)
+    if m:  # shlex.join quoted argv[0] (a space or an escaped control character in it): keep it quoted
+        base = m.group(1).rsplit("/", 1)[-1]
+        return (shlex.quote(base) if base else m.group(0)) + command_line[m.end():]
     head, sep, rest = command_line.partition(" ")
     base = head.rsplit("/", 1)[-1] if not head.startswith("'") else head
     return (base or head) + sep + rest
@@ -379,6 +408,9 @@ class SnapshotBuilder:
         self._xids: deque = deque(maxlen=1024)  # from another thread: drained in on_tick
         self._xid_seen: set[int] = set()
         self._xid_by_gpu: dict[int | str, list[int]] = {}  # gpu -> [count, last xid]
+        self._nic_last = None  # the newest netlink.LinkEvent taken from GpuHealth.nic_events
+        self._nic_down: dict[str, int] = {}  # interface -> wall ns its carrier went away
+        self._nic_flaps: dict[str, deque] = {}  # interface -> monotonic ns of carrier comebacks
         self._nodes = numa_nodes(sys_root)
         self._seq = 0
         self._latest = Snapshot(source=source, t_wall_ns=wall(), host=HostView(hostname=socket.gethostname(),
@@ -421,6 +453,65 @@ class SnapshotBuilder:
             self._episodes.pop(ep.gpu_bdf, None)
         else:
             self._episodes[ep.gpu_bdf] = ep
+
+    def _nic_events(self, gh, to_wall) -> None:
+        """Findings from the LinkEvents GpuHealth drained since the last tick (a bounded deque, fed on
+        this thread: the ones after the newest seen are new; all of them when that one has left)."""
+        events = list(getattr(gh, "nic_events", ()) or ())
+        new = []
+        for ev in reversed(events):
+            if ev is self._nic_last:
+                break
+            new.append(ev)
+        if events:
+            self._nic_last = events[-1]
+        set_down = set()
+        for ev in reversed(new):
+            name = sanitize_text(ev.ifname, 64)
+            t = to_wall(ev.t_ns)
+            if ev.kind == "admin_down":
+                set_down.add((ev.ifname, ev.t_ns))  # one message: said with its carrier_down
+            elif ev.kind == "carrier_down":
+                self._nic_down[name] = t
+                how = " (set down)" if (ev.ifname, ev.t_ns) in set_down else ""
+                self._find(t, "nic_carrier_down", name,
+                           f"NIC {name} carrier down{how}, operstate {ev.operstate or '?'}")
+            elif ev.kind == "carrier_up":
+                down_at = self._nic_down.pop(name, None)
+                if not ev.flaps_in_window and down_at is None:
+                    continue  # a new interface coming up (a pod's veth), not a link coming back
+                q = self._nic_flaps.setdefault(name, deque(maxlen=64))
+                q.append(ev.t_ns)
+                n = ev.flaps_in_window or 1
+                speed = f" at {ev.speed_mbps} Mb/s" if ev.speed_mbps else ""
+                after = f" after {max(0, t - down_at) / 1e9:.1f}s" if down_at is not None else ""
+                text = (f"carrier up{speed}{after}; {n} flap{'s' if n > 1 else ''} in "
+                        f"{NIC_FLAP_WINDOW_S:.0f}s")
+                if n >= NIC_FLAPPING:
+                    self._find(t, "nic_flapping", name, f"NIC {name} flapping: {text}")
+                else:
+                    self._find(t, "nic_carrier_up", name, f"NIC {name} {text}")
+            elif ev.kind == "speed_change":
+                lower = (ev.speed_mbps or 0) < (ev.prev_speed_mbps or 0)
+                self._find(t, "nic_speed_down" if lower else "nic_speed_up", name,
+                           f"NIC {name} speed {ev.prev_speed_mbps or '?'} -> {ev.speed_mbps or '?'} Mb/s")
+            elif ev.kind == "removed":
+                self._nic_down.pop(name, None)
+                self._nic_flaps.pop(name, None)
+
+    def _nics(self, gh, now: int) -> tuple[NicView, ...]:
+        watcher = getattr(gh, "nics", None)
+        if watcher is None:
+            return ()
+        out = []
+        for st in sorted(watcher.links().values(), key=lambda x: x.ifname)[:MAX_NICS]:
+            name = sanitize_text(st.ifname, 64)
+            q = self._nic_flaps.get(name, ())
+            flaps = sum(1 for t in q if now - t <= NIC_FLAP_WINDOW_S * 1e9)
+            out.append(NicView(name=name, admin_up=st.admin_up, carrier=st.carrier,
+                               operstate=sanitize_text(st.operstate, 16), speed_mbps=st.speed_mbps, flaps=flaps,
+                               down_since_wall_ns=self._nic_down.get(name) if not st.carrier else None))
+        return tuple(out)
 
     def on_xid(self, ev) -> None:
         """An nvml.XidEvent (safe from the watcher's thread: deque.append is atomic)."""
@@ -502,7 +593,17 @@ class SnapshotBuilder:
             xid_total = sum(xw.counts.values())
         elif self._xid_by_gpu:
             xid_total = sum(v[0] for v in self._xid_by_gpu.values())
-        src = getattr(getattr(agent, "gpu", None), "sources", {}).get("nvml")
+        gh = getattr(agent, "gpu", None)
+        if gh is not None:
+            self._nic_events(gh, self._wall_of(agent, wall))
+        nic_src = getattr(gh, "sources", {}).get("nic_netlink")
+        if gh is None:
+            nic_state = "not wired"
+        elif nic_src is None or nic_src.state == "attached":
+            nic_state = "ok"
+        else:
+            nic_state = sanitize_text(f"{nic_src.state}: {nic_src.reason}", 160)
+        src = getattr(gh, "sources", {}).get("nvml")
         if samples:
             nvml_state = "ok"
         elif src is not None and src.state != "attached":
@@ -518,11 +619,15 @@ class SnapshotBuilder:
             psi_some_avg10=psi.get("some", {}).get("avg10"), psi_full_avg10=psi.get("full", {}).get("avg10"),
             kswapd=tuple(kswapd), storm=bool(opened),
             storm_scopes=tuple(sanitize_text(e.scope, 128) for e in opened), gpus=gpus, xid_total=xid_total,
-            nvml=nvml_state)
+            nvml=nvml_state, nics=self._nics(gh, self._clock()) if gh is not None else (), nic=nic_state)
+
+    def _wall_of(self, agent, wall: int):
+        """Kernel-monotonic ns -> wall ns (CLOCK_MONOTONIC: BPF timestamps and netlink events alike)."""
+        tb = getattr(agent, "timebase", None)
+        return self._to_wall or (tb.to_wall_ns if tb is not None else (lambda ns: wall))
 
     def _storm_findings(self, agent, opened, wall) -> None:
-        tb = getattr(agent, "timebase", None)
-        to_wall = self._to_wall or (tb.to_wall_ns if tb is not None else (lambda ns: wall))
+        to_wall = self._wall_of(agent, wall)
         now_open = {id(e): e for e in opened}
         for k, e in now_open.items():
             if k not in self._storms:

@@ -289,6 +289,9 @@ def _header(snap: Snapshot, width: int, st: ViewState) -> list[Line]:
         ks.append((" -", None))
     ks.append(("  storm: ", None))
     ks.append((("STORM " + ",".join(h.storm_scopes)) if h.storm else "none", "warn" if h.storm else "ok"))
+    down = [n.name for n in h.nics if n.down_since_wall_ns is not None]
+    if down:  # before the counters: a link lost during the incident matters more at 80 columns
+        ks.append(("  NIC DOWN " + ",".join(down), "warn"))
     ks.append((f"  req {a.requests_total} open {a.open_requests}  lost {a.lost_kernel}/{a.lost_user}", None))
     if h.xid_total:
         ks.append((f"  Xid {h.xid_total}", "warn"))
@@ -403,12 +406,15 @@ def _help(width: int) -> list[Line]:
     return lines
 
 
+OK_FINDINGS = ("reclaim_storm_close", "link_restored", "nic_carrier_up", "nic_speed_up")
+
+
 def _findings(snap: Snapshot, width: int, n: int) -> list[Line]:
     lines: list[Line] = [_clip([("FINDINGS (newest first)", "head")], width)]
     if not snap.findings:
         lines.append(_clip([("none", "dim")], width))
     for f in snap.findings[:max(0, n)]:
-        style = "ok" if f.kind in ("reclaim_storm_close", "link_restored") else "warn"
+        style = "ok" if f.kind in OK_FINDINGS else "warn"
         lines.append(_clip([(fmt_clock(f.t_wall_ns) + " ", "dim"), (f.text, style)], width))
     return lines
 
@@ -445,17 +451,17 @@ def render(snap: Snapshot | None, width: int, height: int | None, st: ViewState)
         body_h = height - len(head) - len(foot)
         body = body[:max(0, body_h)] + [_clip([], width)] * (body_h - len(body))
         return (head + body + foot)[:height]
+    rows = sorted_rows(snap, st) if st.expanded is None else []
     n_find = len(snap.findings) or 1
     if not tall:
-        # findings get height/8 lines, more when the table leaves room, never all of it
-        free = height - len(head) - len(foot) - 1 - (len(snap.processes) + 1 if st.expanded is None else RECENT_ROOM)
+        # findings get height/8 lines, more when the table (as filtered) leaves room, never all of it
+        free = height - len(head) - len(foot) - 1 - (max(1, len(rows)) + 1 if st.expanded is None else RECENT_ROOM)
         n_find = max(1, min(n_find, max(height // 8, free - 1)))
     find = _findings(snap, width, n_find)
     body_h = height - len(head) - len(find) - len(foot)
     if st.expanded is not None:
         body = _expanded(snap, st.expanded, width, 10_000 if tall else body_h)
     else:
-        rows = sorted_rows(snap, st)
         st.rows = rows
         body = _table(rows, width, len(rows) + 1 if tall else body_h, st)
     if tall:
@@ -573,6 +579,11 @@ class SocketSource:
         self.client.close()
 
 
+# How long `q` waits for local probes to detach: each uprobe detach waits an RCU-tasks grace period,
+# seconds in all for a libcuda's ~40 on a loaded host, and exiting under a detach crashes in bcc.
+LOCAL_STOP_S = 30.0
+
+
 class LocalSource:
     """An Agent started here on a background thread; exporters that only count."""
 
@@ -634,9 +645,17 @@ class LocalSource:
             time.sleep(0.05)
         return self.latest()
 
-    def stop(self) -> None:
+    def stop(self, note: Callable[[str], None] | None = None) -> bool:
+        """Stop the agent (drain, detach: seconds with many uprobes on a busy host). False when its
+        thread is still at it after LOCAL_STOP_S."""
         self._stop.set()
-        self._thread.join(10)
+        if not self._thread.is_alive():
+            return True
+        self._thread.join(1.0)
+        if self._thread.is_alive() and note is not None:
+            note("stopping: detaching the probes…")
+        self._thread.join(LOCAL_STOP_S - 1.0)
+        return not self._thread.is_alive()
 
 
 # --- output --------------------------------------------------------------------------------------
@@ -846,36 +865,49 @@ def main(*, cfg_loader: Callable[[], object], socket_path: str | None, local: bo
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 2)
         os.close(devnull)
+    rc, err, stopped = 0, None, True
     try:
         source.start()
         if once or as_json:
             snap = source.wait_ready(30.0 + 3 * interval_s) if source.kind == "local" else source.latest()
             if snap is None:
-                sys.stderr.write(f"mcp-agent: error: no snapshot: {getattr(source, 'error', None) or source.status}\n")
-                return 1
-            if as_json:
+                err = f"no snapshot: {getattr(source, 'error', None) or source.status}"
+            elif as_json:
                 stream.write(json.dumps(snap.to_dict(), separators=(",", ":")) + "\n")
             else:
                 stream.write(frame_text(render(snap, _term_width(stream), None, st), colour_allowed(stream), stream))
             stream.flush()
-            return 0
-        if interactive:
+        elif interactive:
             run_curses(source, interval_s, st)
             err = getattr(source, "error", None)
         else:
             if source.kind == "local":
                 source.wait_ready(30.0 + 3 * interval_s, min_seq=1)
             run_stream(source, interval_s, st, stream)
-            err = None
     except KeyboardInterrupt:
-        err = None
+        pass
     finally:
-        source.stop()
+        def note(text: str) -> None:  # the terminal, while fd 2 still hides bcc's detach noise
+            os.write(saved_fd, f"mcp-agent: {text}\n".encode())
+
+        if source.kind == "local":
+            stopped = source.stop(note if saved_fd is not None else None)
+        else:
+            source.stop()
         if saved_fd is not None:
             os.dup2(saved_fd, 2)
             os.close(saved_fd)
             logging.getLogger().handlers = saved_handlers
     if err:
         sys.stderr.write(f"mcp-agent: error: {err}\n")
-        return 1
-    return 0
+        rc = 1
+    if not stopped:
+        # The agent's thread is still detaching: interpreter shutdown would run bcc's atexit cleanup
+        # on the same objects under it (double closes, a crash). The kernel detaches what a process
+        # held when it exits.
+        sys.stderr.write(f"mcp-agent: warning: the probes did not detach within {LOCAL_STOP_S:.0f} s; "
+                         "exiting without waiting\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc

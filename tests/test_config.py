@@ -81,6 +81,7 @@ EXPECTED_KEYS = [
     "pcie.busy_util_pct",
     "nic.enabled",
     "control.socket",
+    "control.group",
     "status.interval_s",
     "status.enabled",
     "log.level",
@@ -424,6 +425,9 @@ BAD_ENV = [  # (variable, value, what the message must name besides the variable
     ("BCC_KERNEL_SOURCE", "/nonexistent/mcp-agent-headers", "kernel.headers"),
     ("MCP_AGENT_SERVICE_NAME", "", "must not be empty"),
     ("MCP_AGENT_LOG_LEVEL", "loud", "must be one of"),
+    ("MCP_AGENT_CONTROL_GROUP", "mcp-no-such-group", "no such group"),
+    ("MCP_AGENT_CONTROL_GROUP", "4294967295", "not a valid gid"),
+    ("MCP_AGENT_CONTROL_GROUP", "٢", "no such group"),  # a digit, not an ASCII one
     ("MCP_AGENT_EXPORT_CONSOL", "1", "unknown setting; did you mean MCP_AGENT_EXPORT_CONSOLE?"),
     ("MCP_AGENT_FOO", "1", "unknown setting"),
 ]
@@ -435,6 +439,20 @@ def test_bad_env_values(var, raw, expect):
         load_config(env={var: raw})
     msg = one_line_error(e)
     assert msg.startswith(f"config error: {var}=") and expect in msg, msg
+
+
+def test_control_group_by_name_or_gid(write, tmp_path):
+    assert load_config(env={}).control_group is None  # the socket stays root's
+    assert load_config(env={"MCP_AGENT_CONTROL_GROUP": "nogroup"}).control_group == "nogroup"
+    assert load_config(env={"MCP_AGENT_CONTROL_GROUP": ""}).control_group is None
+    # a gid needs no name here: a container's /etc/group may not list the host's groups
+    assert load_config(write('[control]\ngroup = "424242"\n')).control_group == "424242"
+    with pytest.raises(ConfigError) as e:
+        load_config(write('[control]\ngroup = "mcp-no-such-group"\n'))
+    assert one_line_error(e) == (f'config error: control.group = "mcp-no-such-group" (from {tmp_path}/agent.toml): '
+                                 'no such group (a name in /etc/group or a numeric gid)')
+    with pytest.raises(ConfigError):
+        load_config(write("[control]\ngroup = 0\n"))  # a string, as TOML has it
 
 
 def test_env_is_checked_even_when_a_flag_wins():
