@@ -5,7 +5,7 @@ VENV := $(REPO)/.venv
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench deb clean
 
 setup:
 	bash $(REPO)/scripts/setup.sh
@@ -18,6 +18,10 @@ test: setup
 
 bench: setup
 	cd $(REPO) && $(VENV)/bin/python bench/run_all.py
+
+# build/mcp-hostagent_<version>_<arch>.deb: installs with no network (packaging/build-deb.sh)
+deb: setup
+	bash $(REPO)/packaging/build-deb.sh --out $(REPO)/build
 
 clean:
 	rm -rf $(VENV)

@@ -93,15 +93,16 @@ class ToggledAgent:
             with ag.attached(): ...
     """
 
-    def __init__(self, watch: str = "all", overrides: dict | None = None):
+    def __init__(self, watch: str | None = "all", overrides: dict | None = None):
         from mcp_hostagent.config import load_config
         from mcp_hostagent.pipeline import Agent
 
         self._dir = tempfile.mkdtemp(prefix="mcp-bench-")
-        ov = {"export.jsonl_path": os.path.join(self._dir, "telemetry.jsonl"), "status.enabled": False,
-              "process.watch": watch}
+        ov = {"export.jsonl_path": os.path.join(self._dir, "telemetry.jsonl"), "status.enabled": False}
+        if watch is not None:  # None: the default (process.watch = gpu)
+            ov["process.watch"] = watch
         ov.update(overrides or {})
-        self.watch = watch
+        self.watch = watch or "default"
         self.agent = Agent(load_config(None, env={}, overrides=ov))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -318,19 +319,20 @@ class Guard:
         self.budget_s = wait_budget_s
         self._seen: list[str] = []
         self.clean: list[bool] = []
+        self.exclude: set[int] = set()  # our own agents in processes of their own
 
     def before(self) -> None:
-        self._seen = foreign_bpf()
+        self._seen = foreign_bpf(frozenset(self.exclude))
         if self._seen and self.budget_s > 0:
             print(f"  waiting for {', '.join(self._seen)} to release its BPF programs...", flush=True)
             t0 = time.monotonic()
             while self._seen and time.monotonic() - t0 < self.budget_s:
                 time.sleep(0.5)
-                self._seen = foreign_bpf()
+                self._seen = foreign_bpf(frozenset(self.exclude))
             self.budget_s -= time.monotonic() - t0
 
     def after(self) -> bool:
-        seen = self._seen or foreign_bpf()
+        seen = self._seen or foreign_bpf(frozenset(self.exclude))
         self.clean.append(not seen)
         if seen:
             print(f"  (round unclean: tracing BPF programs held by {', '.join(seen)})", flush=True)
@@ -391,6 +393,69 @@ def machine() -> dict:
         head, dirty = "", False
     return {"kernel": u.release, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
             "commit": head + (" + uncommitted agent/bpf changes" if dirty else "")}
+
+
+# ---- the agent as its own process (`mcp-agent run`) ----
+
+def agent_cmd() -> list[str]:
+    """The `mcp-agent` entry point of the project's venv (what systemd runs), else `python -m`."""
+    exe = REPO / ".venv" / "bin" / "mcp-agent"
+    return [str(exe)] if exe.exists() else [agent_python(), "-m", "mcp_hostagent"]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """This environment without agent/OTel settings and with no config file: the defaults."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MCP_AGENT_", "OTEL_")) and k != "BCC_KERNEL_SOURCE"}
+    env["MCP_AGENT_CONFIG"] = os.devnull
+    env.update(extra)
+    return env
+
+
+def notify_socket(tag: str):
+    """What systemd listens on for a Type=notify service (tests/notify_listener.py): READY=1 etc.,
+    each datagram stamped with its arrival time (CLOCK_MONOTONIC, shared with the agent)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from notify_listener import NotifySocket
+
+    return NotifySocket(f"@mcp-bench-{tag}-{os.getpid()}-{time.monotonic_ns()}")
+
+
+def proc_mem_kb(pid: int | str = "self") -> dict[str, int]:
+    """Rss, Pss and their anon / file split (kB) from /proc/PID/smaps_rollup."""
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("Rss", "Pss", "Pss_Anon", "Pss_File", "Pss_Shmem", "Anonymous", "Private_Clean",
+                     "Private_Dirty", "Shared_Clean"):
+                out[k] = int(v.split()[0])
+    return out
+
+
+def thread_ticks(pid: int | str = "self") -> dict[int, tuple[str, int, int]]:
+    """tid -> (comm, utime, stime) in clock ticks, for every thread of pid."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                head, _, rest = f.read().rpartition(")")
+            x = rest.split()
+            out[int(tid)] = (head.split("(", 1)[1], int(x[11]), int(x[12]))
+        except (OSError, IndexError):  # thread gone
+            continue
+    return out
+
+
+def pctl(xs, q: float) -> float:
+    """The q-quantile (0..1) of xs, by linear interpolation between order statistics."""
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return float("nan")
+    i = q * (len(xs) - 1)
+    lo = int(i)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
 
 
 class PyWorker:

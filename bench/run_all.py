@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Run every bench/bench_*.py in turn, then print one summary table.
 
-    sudo .venv/bin/python bench/run_all.py [--quick]      (or: sudo make bench)
+    sudo .venv/bin/python bench/run_all.py [--quick] [--only NAME ...] [--json PATH]   (or: sudo make bench)
 
-Each benchmark interleaves its conditions and reports ratios measured side by side in one run
-(docs/PERFORMANCE.md explains the method); this script only sequences them and collects their
---json results. Needs root: the benchmarks load the agent's BPF programs.
+The hot-path benchmarks (marker, faults, cuda, reclaim) interleave their conditions and report ratios
+measured side by side in one run; startup, latency and footprint time the agent itself (start and stop,
+event-to-span latency, its CPU and memory). docs/PERFORMANCE.md explains each method; this script only
+sequences them and collects their --json results. Needs root: the benchmarks load BPF programs.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def fmt(v, spec: str | None = None) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="shorter runs: about two minutes in all")
+    ap.add_argument("--quick", action="store_true", help="shorter runs: about four minutes in all")
     ap.add_argument("--only", action="append", help="run only this bench (e.g. marker); repeatable")
+    ap.add_argument("--json", help="also write every benchmark's results, by name, to this file")
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
         sys.exit("error: bench/run_all.py must run as root (the benchmarks load BPF programs); "
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
     m = c.machine()
     print(f"run_all: {len(benches)} benchmarks{' (quick)' if a.quick else ''}; {m['date']}, kernel {m['kernel']}, "
           f"{m['cpus']} CPUs, commit {m['commit'] or '?'}", flush=True)
-    summary, failed, warnings = [], [], []
+    summary, failed, warnings, everything = [], [], [], {}
     t_all = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mcp-bench-") as tmp:
         for b in benches:
@@ -62,17 +64,19 @@ def main(argv=None) -> int:
                 failed.append(f"{b.name} (exit {rc})")
                 continue
             res = json.loads(out.read_text())
+            everything[b.stem[len("bench_"):]] = {**res, "seconds": secs}
             for row in res.get("summary", []):
                 summary.append([b.stem[len("bench_"):], row["what"], row["unit"], fmt(row["none"]), fmt(row["agent"]),
                                 fmt(row["added"], "{:,.0f}"), fmt(row["ratio"], "{:.3f}"), fmt(row["spread"])])
             if res.get("warning"):
                 warnings.append(f"{b.stem[len('bench_'):]}: {res['warning']}")
             print(f"({b.name}: {secs:.0f} s)")
-    c.print_table(f"summary ({time.monotonic() - t_all:.0f} s; ratio = agent / no agent, median of per-round "
-                  "ratios; added: ns per call, or the storm's CPU ns per event)",
-                  ["bench", "what", "unit", "no agent", "agent", "added ns", "ratio", "spread"], summary)
+    c.print_table(f"summary ({time.monotonic() - t_all:.0f} s; baseline: no agent, or probes detached; ratio = "
+                  "agent / baseline, median of per-round ratios; added: ns per call, or the storm's CPU ns per event)",
+                  ["bench", "what", "unit", "baseline", "agent", "added ns", "ratio", "spread"], summary)
     for w in warnings:
         print(w)
+    c.write_json(a.json, {"machine": m, "quick": a.quick, "benches": everything, "failed": failed})
     if failed:
         print("FAILED: " + ", ".join(failed))
         return 1

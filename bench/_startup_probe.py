@@ -1,0 +1,86 @@
+"""`mcp-agent` with a stopwatch on each start-up and shutdown step, for bench_startup.py.
+
+    python bench/_startup_probe.py OUT.json run --no-status ...
+
+Runs the CLI's own main() in this process, exactly as the `mcp-agent` entry point does, after
+wrapping the functions that make up start-up and shutdown: each wrapper records (name, start, end)
+in CLOCK_MONOTONIC ns, which the parent shares, so the steps line up with its spawn, READY=1,
+SIGTERM and exit times. The record is written at exit, by the first atexit handler registered (so
+it runs after the OTel SDK's own). The wrappers cost microseconds; the parent still takes its
+headline numbers from runs of the plain entry point.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import sys
+import time
+
+T_MAIN = time.monotonic_ns()  # interpreter and site start-up are done by now
+OUT = sys.argv.pop(1)
+spans: list[tuple[str, int, int]] = []
+marks: list[tuple[str, int]] = [("main", T_MAIN)]
+
+
+def _write() -> None:
+    marks.append(("atexit", time.monotonic_ns()))
+    with open(OUT, "w") as f:
+        json.dump({"spans": spans, "marks": marks}, f)
+
+
+atexit.register(_write)
+
+
+def timed(owner, attr: str, name: str, once: bool = False) -> None:
+    fn = getattr(owner, attr)
+    done = []
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        if once and done:
+            return fn(*a, **kw)
+        done.append(1)
+        t0 = time.monotonic_ns()
+        try:
+            return fn(*a, **kw)
+        finally:
+            spans.append((name, t0, time.monotonic_ns()))
+
+    setattr(owner, attr, wrapper)
+
+
+t0 = time.monotonic_ns()
+from mcp_hostagent import cli  # noqa: E402  (click, config: what the entry point imports)
+
+spans.append(("import cli (click, config)", t0, time.monotonic_ns()))
+t0 = time.monotonic_ns()
+from mcp_hostagent import control, gpuhealth, loader, pipeline, sdnotify, telemetry  # noqa: E402
+
+spans.append(("import pipeline (OTel SDK, psutil, ...)", t0, time.monotonic_ns()))
+
+timed(pipeline.Agent, "start", "Agent.start")
+timed(pipeline, "prepare_kernel", "kernel: tracefs, headers")
+timed(pipeline, "build_exporters", "exporters: build")
+timed(loader, "load", "loader.load")
+timed(loader, "_bpf_class", "import bcc", once=True)
+timed(loader, "_compile_quietly", "bcc/LLVM compile")
+timed(pipeline.cuda.CudaProbes, "start", "cuda: libcuda scan, calibration")
+timed(telemetry.Telemetry, "__init__", "telemetry: providers")
+timed(gpuhealth.GpuHealth, "start", "gpu health sources")
+timed(pipeline.Agent, "tick", "first tick", once=True)
+timed(control, "serve", "control socket")
+timed(sdnotify.Notifier, "ready", "READY=1 sent", once=True)
+timed(sdnotify.Notifier, "stopping", "STOPPING=1 sent")
+timed(pipeline.Agent, "stop", "Agent.stop")
+timed(pipeline.Agent, "detach", "detach (uprobes, tracepoints, bpf.cleanup)")
+timed(gpuhealth.GpuHealth, "stop", "gpu sources stop")
+timed(telemetry.Telemetry, "shutdown", "telemetry: flush, shutdown")
+timed(control.ControlServer, "stop", "control socket stop")
+
+sys.argv[0] = "mcp-agent"
+try:
+    cli.main()
+finally:
+    marks.append(("main returned", time.monotonic_ns()))
