@@ -1,76 +1,102 @@
 #!/usr/bin/env bash
-# Installs mcp-agent as a systemd service on a Debian 12 host, once, as root, from this source tree:
+# Installs mcp-agent as a systemd service on one Debian 12 host, as root, from this source tree:
 #
 #   sudo packaging/install.sh              # install (or upgrade) and start
-#   sudo packaging/install.sh --no-start   # install only
-#   sudo packaging/install.sh --uninstall  # stop and remove the service and /opt/mcp-hostagent
-#                                          # (keeps /etc/mcp-hostagent and /var/lib/mcp-hostagent)
+#   sudo packaging/install.sh --no-start   # install and enable, but do not start
+#   sudo packaging/install.sh --deb FILE   # install that package instead of building one
+#   sudo packaging/install.sh --uninstall  # stop and remove it (keeps /etc/mcp-hostagent and
+#                                          # /var/lib/mcp-hostagent)
+#   sudo packaging/install.sh --purge      # remove those too
 #
-# What it does: Debian packages (bcc from python3-bpfcc, never PyPI; kernel headers, the nearest
-# Debian ones when the running kernel has none), a venv at /opt/mcp-hostagent that sees only Debian's
-# bcc module, the package installed into it (non-editable), /etc/mcp-hostagent/config.toml (the
-# commented example, if absent), /etc/mcp-hostagent/env (0600, for OTEL_*; if absent), the unit, and
-# `systemctl daemon-reload && systemctl enable --now mcp-agent` when systemd is running. Then it checks
-# that the probes attach (`mcp-agent probes`). Idempotent.
-#
-# --root DIR stages every file under DIR instead (no apt, no systemctl, no probe check): for packagers
-# and for tests/test_packaging.py. The staged venv names its final path (/opt/mcp-hostagent) in its
-# bcc .pth, so it imports bcc only once moved there.
+# It installs exactly what a fleet installs: the Debian package that packaging/build-deb.sh builds
+# (a venv at /opt/mcp-hostagent, /usr/bin/mcp-agent, the unit, /etc/mcp-hostagent/config.toml and a
+# 0600 env file for OTEL_*, as conffiles). Around it, what only this host can tell: kernel headers for
+# the running kernel (else Debian's newest of its flavour: the agent merges them with -common), and a
+# check that the probes attach (`mcp-agent probes`). apt-get brings the package's dependencies
+# (python3-bpfcc, libbpfcc) from Debian; the package's maintainer scripts enable and start the service
+# where systemd runs. Idempotent: an unchanged tree is reinstalled, configuration files are kept.
 set -euo pipefail
 
 SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-ROOT=""
+PKG=mcp-hostagent
 START=1
 DEPS=1
 CHECK=1
-UNINSTALL=0
+DEB=""
+UNINSTALL=""
 while [ $# -gt 0 ]; do
     case "$1" in
-        --root) ROOT="${2%/}"; DEPS=0; START=0; CHECK=0; shift ;;
-        --root=*) ROOT="${1#--root=}"; ROOT="${ROOT%/}"; DEPS=0; START=0; CHECK=0 ;;
         --no-start) START=0 ;;
         --no-deps) DEPS=0 ;;
         --no-check) CHECK=0 ;;
-        --uninstall) UNINSTALL=1 ;;
+        --deb) DEB="$2"; shift ;;
+        --deb=*) DEB="${1#--deb=}" ;;
+        --uninstall) UNINSTALL=remove ;;
+        --purge) UNINSTALL=purge ;;
         -h|--help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
         *) echo "install: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
-
-PREFIX="$ROOT/opt/mcp-hostagent"
-ETC="$ROOT/etc/mcp-hostagent"
-UNIT_DIR="$ROOT/etc/systemd/system"
-STATE="$ROOT/var/lib/mcp-hostagent"
-SYS_PY=/usr/bin/python3
-DIST=/usr/lib/python3/dist-packages
-export DEBIAN_FRONTEND=noninteractive PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+export DEBIAN_FRONTEND=noninteractive
 
 say() { echo "install: $*"; }
 die() { echo "install: ERROR: $*" >&2; exit 1; }
-systemd_running() { [ -z "$ROOT" ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null; }
-
-[ "$(id -u)" -eq 0 ] || [ -n "$ROOT" ] || die "run as root (sudo $0)"
-
-if [ "$UNINSTALL" -eq 1 ]; then
-    if systemd_running; then
-        systemctl disable --now mcp-agent.service 2>/dev/null || true
+# Runs a command with its output kept back; shows the output only if it fails, then stops.
+quiet() {
+    local log rc=0
+    log="$(mktemp)"
+    "$@" >"$log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        cat "$log" >&2; rm -f "$log"
+        die "command failed (exit $rc): $*"
     fi
-    rm -f "$UNIT_DIR/mcp-agent.service"
-    systemd_running && systemctl daemon-reload
-    rm -rf "$PREFIX"
-    say "removed the service and $PREFIX; kept $ETC and $STATE"
+    rm -f "$log"
+}
+systemd_running() { [ -d /run/systemd/system ] && command -v systemctl >/dev/null; }
+pkg_installed() { dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null | grep -q '^ii'; }
+
+[ "$(id -u)" -eq 0 ] || die "run as root (sudo $0)"
+command -v apt-get >/dev/null || die "needs apt-get and dpkg (written for Debian 12)"
+
+# Earlier versions of this script installed the same paths without a package: the unit in
+# /etc/systemd/system (which would hide the package's) and an unowned venv.
+remove_unpackaged() {
+    local unit=/etc/systemd/system/mcp-agent.service
+    if [ -f "$unit" ] && [ ! -L "$unit" ] && ! dpkg -S "$unit" >/dev/null 2>&1; then
+        systemd_running && systemctl disable --now mcp-agent.service >/dev/null 2>&1 || true
+        rm -f "$unit"
+        say "removed $unit (installed without the package)"
+    fi
+    if [ -d /opt/mcp-hostagent ] && ! dpkg -S /opt/mcp-hostagent >/dev/null 2>&1; then
+        rm -rf /opt/mcp-hostagent
+        say "removed /opt/mcp-hostagent (installed without the package)"
+    fi
+}
+
+if [ -n "$UNINSTALL" ]; then
+    remove_unpackaged
+    if dpkg-query -W "$PKG" >/dev/null 2>&1; then
+        quiet apt-get "$UNINSTALL" -y -q "$PKG"
+    fi
+    [ "$UNINSTALL" = purge ] && rm -rf /etc/mcp-hostagent /var/lib/mcp-hostagent
+    say "done ($UNINSTALL)"
     exit 0
 fi
 
-# ---------------------------------------------------------------- Debian packages, kernel headers
+# ---------------------------------------------------------------- what the build and this host need
+APT_UPDATED=0
+apt_update() {
+    [ "$APT_UPDATED" -eq 0 ] || return 0
+    APT_UPDATED=1
+    apt-get -q update >/dev/null || say "warning: apt-get update reported errors; continuing"
+}
 if [ "$DEPS" -eq 1 ]; then
-    command -v apt-get >/dev/null || die "needs apt-get (written for Debian 12); or install python3-bpfcc and kernel headers yourself and pass --no-deps"
-    PKGS=(python3-bpfcc libbpfcc python3-venv)
     missing=()
-    for p in "${PKGS[@]}"; do dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null | grep -q '^ii' || missing+=("$p"); done
+    [ -n "$DEB" ] || pkg_installed python3-venv || missing+=(python3-venv)
     KREL="$(uname -r)"
     if [ ! -e "/lib/modules/$KREL/build" ] && ! compgen -G '/usr/src/linux-headers-*' >/dev/null; then
+        apt_update
         if apt-cache policy "linux-headers-$KREL" 2>/dev/null | grep -q 'Candidate: [0-9]'; then
             missing+=("linux-headers-$KREL")
         else  # a custom kernel: the newest Debian flavoured headers (the agent merges them with -common)
@@ -82,68 +108,51 @@ if [ "$DEPS" -eq 1 ]; then
     fi
     if [ "${#missing[@]}" -gt 0 ]; then
         say "apt-get install ${missing[*]}"
-        apt-get -q update >/dev/null || say "warning: apt-get update reported errors; continuing"
-        apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+        apt_update
+        quiet apt-get install -y -q --no-install-recommends "${missing[@]}"
     fi
 fi
 
-# ---------------------------------------------------------------- venv at /opt/mcp-hostagent
-[ -x "$SYS_PY" ] || die "$SYS_PY not found"
-if [ ! -x "$PREFIX/bin/python" ]; then
-    say "creating the venv $PREFIX"
-    mkdir -p "$(dirname "$PREFIX")"
-    "$SYS_PY" -m venv "$PREFIX"
+# ---------------------------------------------------------------- the package
+TMP="$(mktemp -d)"
+POLICY=/usr/sbin/policy-rc.d
+cleanup() { rm -rf "$TMP"; [ ! -f "$TMP.policy" ] || { rm -f "$POLICY" "$TMP.policy"; }; }
+trap cleanup EXIT
+if [ -z "$DEB" ]; then
+    bash "$SRC/packaging/build-deb.sh" --out "$TMP"
+    DEB="$(ls "$TMP"/${PKG}_*.deb)"
 fi
-# Debian's bcc module and nothing else from dist-packages (as scripts/setup.sh does for .venv)
-mkdir -p "$PREFIX/bcc-only"
-ln -sfn "$DIST/bcc" "$PREFIX/bcc-only/bcc"
-SITE="$("$PREFIX/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
-# the .pth names the final path, not the staging one
-printf '%s\n' "${PREFIX#"$ROOT"}/bcc-only" >"$SITE/debian_bcc.pth"
-say "installing mcp-hostagent from $SRC into $PREFIX"
-"$PREFIX/bin/pip" install -q --upgrade "$SRC"
+[ -f "$DEB" ] || die "no such package: $DEB"
+DEB="$(cd "$(dirname "$DEB")" && pwd)/$(basename "$DEB")"
 
-# ---------------------------------------------------------------- config, env, unit
-install -d -m 0755 "$ETC"
-install -d -m 0750 "$STATE"
-if [ ! -e "$ETC/config.toml" ]; then
-    install -m 0640 "$SRC/packaging/config.example.toml" "$ETC/config.toml"
-    say "wrote $ETC/config.toml (every setting commented out: the defaults)"
+remove_unpackaged
+if [ "$START" -eq 0 ] && [ ! -e "$POLICY" ]; then
+    # The Debian way to install without starting: deb-systemd-invoke asks policy-rc.d (101: no).
+    printf '#!/bin/sh\nexit 101\n' >"$POLICY"
+    chmod 0755 "$POLICY"
+    touch "$TMP.policy"
 fi
-if [ ! -e "$ETC/env" ]; then
-    (umask 077; cat >"$ETC/env" <<'EOF'
-# Environment of mcp-agent.service (root only, mode 0600). The standard OpenTelemetry variables:
-#OTEL_EXPORTER_OTLP_ENDPOINT=https://otel-collector.example:4317
-#OTEL_EXPORTER_OTLP_PROTOCOL=grpc
-#OTEL_EXPORTER_OTLP_CERTIFICATE=/etc/mcp-hostagent/tls/ca.crt
-#OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE=/etc/mcp-hostagent/tls/client.crt
-#OTEL_EXPORTER_OTLP_CLIENT_KEY=/etc/mcp-hostagent/tls/client.key
-# A token is better kept out of the environment (/proc/PID/environ): put "authorization=Bearer ..."
-# in a root-owned 0600 file and name it in config.toml: [export] headers_file = "/etc/mcp-hostagent/otlp-headers"
-EOF
-    )
-    say "wrote $ETC/env (mode 0600)"
-fi
-chmod 0600 "$ETC/env"
-install -d -m 0755 "$UNIT_DIR"
-install -m 0644 "$SRC/packaging/mcp-agent.service" "$UNIT_DIR/mcp-agent.service"
-say "installed $UNIT_DIR/mcp-agent.service"
+say "apt-get install $DEB"
+for p in python3-bpfcc libbpfcc logrotate; do pkg_installed "$p" || { apt_update; break; }; done
+# Headers were seen to above, so not the package's generic Recommends (a second headers tree);
+# logrotate, its other Recommends, is named. confold: configuration an admin changed is kept.
+quiet apt-get install -y -q --reinstall --allow-downgrades --no-install-recommends \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$DEB" logrotate
+cleanup
+trap - EXIT
 
-# ---------------------------------------------------------------- check, start
+# ---------------------------------------------------------------- check
 if [ "$CHECK" -eq 1 ]; then
     say "checking that the probes attach (mcp-agent probes)"
-    "$PREFIX/bin/mcp-agent" probes --config "$ETC/config.toml" | sed 's/^/  /'
+    /usr/bin/mcp-agent probes --config /etc/mcp-hostagent/config.toml | sed 's/^/  /'
 fi
 if systemd_running; then
-    systemctl daemon-reload
     if [ "$START" -eq 1 ]; then
-        systemctl enable --now mcp-agent.service
-        systemctl restart mcp-agent.service   # an upgrade runs the new code
-        say "started: systemctl status mcp-agent; journalctl -u mcp-agent -f"
+        say "$(systemctl is-active mcp-agent.service || true): systemctl status mcp-agent; journalctl -u mcp-agent -f"
     else
-        say "installed; start with: systemctl enable --now mcp-agent"
+        say "installed and enabled; start with: systemctl start mcp-agent"
     fi
-elif [ -z "$ROOT" ]; then
-    say "systemd is not running here (a container?): run $PREFIX/bin/mcp-agent run --config $ETC/config.toml"
+else
+    say "systemd is not running here (a container?): run mcp-agent run --config /etc/mcp-hostagent/config.toml"
 fi
 say "done"

@@ -2,10 +2,14 @@
 capabilities are the measured set of docs/SECURITY.md (the DaemonSet's too) and the agent attaches every
 probe with exactly that set; sd_notify against a real datagram socket; `mcp-agent run` under a
 NOTIFY_SOCKET says READY=1 only once the probes are attached and its start-up lines are written, pings
-the watchdog, and says STOPPING=1 at SIGTERM; install.sh stages a working install."""
+the watchdog, and says STOPPING=1 at SIGTERM. The Debian package (packaging/build-deb.sh): its control
+fields, files and conffiles; installed for real with dpkg (without network), it runs, attaches its probes
+and passes systemd-analyze; an upgrade keeps changed configuration; remove keeps it and purge leaves
+nothing behind."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -14,13 +18,16 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from notify_listener import NotifySocket
 
-from mcp_hostagent import sdnotify
+from mcp_hostagent import __version__, sdnotify
 from test_cli import (AGENT, BPF_PROG_GET_FD_BY_ID, bpf_ids, bpf_object_exists, clean_env, expected_attached,
+                      expected_missing,
                       probe_counts)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,7 +121,7 @@ def test_agent_attaches_every_probe_with_exactly_the_unit_capabilities(tmp_path)
     eff = int(re.search(r"CapEff:\s+([0-9a-f]+)", r.stderr).group(1), 16)
     assert bin(eff).count("1") == len(unit_caps()), hex(eff)
     counts = probe_counts(r.stderr)
-    assert counts["missing"] == 0 and counts["attached"] >= len(expected_attached()), r.stderr
+    assert counts["missing"] == len(expected_missing()) and counts["attached"] >= len(expected_attached()), r.stderr
     assert "control:  " + str(tmp_path / "agent.sock") in r.stderr and "Traceback" not in r.stderr
 
 
@@ -190,7 +197,7 @@ def test_run_ready_after_probes_attached_watchdog_and_stopping(tmp_path):
             assert any(ln.startswith("  export:   ") for ln in lines), lines
             assert any(ln.startswith("  control:  ") for ln in lines), lines
             counts = probe_counts(at_ready["stderr"])
-            assert counts["missing"] == 0, counts
+            assert counts["missing"] == len(expected_missing()), counts
             assert len(at_ready["bpf"]["prog"]) >= len(expected_attached()), at_ready["bpf"]
             assert all(bpf_object_exists(BPF_PROG_GET_FD_BY_ID, i) for i in at_ready["bpf"]["prog"])
             assert at_ready["socket"]
@@ -225,26 +232,225 @@ def test_sdnotify_imports_nothing_heavy():
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
-# ---- install.sh --------------------------------------------------------------------------------------
+# ---- the Debian package -------------------------------------------------------------------------------
 
-def test_install_sh_stages_a_working_install(tmp_path):
-    root = tmp_path / "root"
-    r = subprocess.run(["bash", os.path.join(REPO, "packaging", "install.sh"), "--root", str(root)],
-                       capture_output=True, text=True, timeout=300)
+BUILD_DEB = os.path.join(REPO, "packaging", "build-deb.sh")
+PREFIX = "/opt/mcp-hostagent"
+CONFFILES = ["/etc/mcp-hostagent/config.toml", "/etc/mcp-hostagent/env", "/etc/logrotate.d/mcp-hostagent"]
+WANTS = "/etc/systemd/system/multi-user.target.wants/mcp-agent.service"
+STATE = "/var/lib/mcp-hostagent"  # also made by any agent run that writes the default JSONL file
+# Everything the package or its maintainer scripts create (the unit's enablement and mask included).
+INSTALLED = [PREFIX, "/etc/mcp-hostagent", STATE, "/lib/systemd/system/mcp-agent.service",
+             "/usr/bin/mcp-agent", "/etc/logrotate.d/mcp-hostagent", "/usr/share/doc/mcp-hostagent",
+             "/etc/systemd/system/mcp-agent.service", WANTS]
+
+
+def debian_version(v: str) -> str:
+    return re.sub(r"[.-]?post(\d*)", r"+post\1", re.sub(r"[.-]?(a|b|rc|dev)(\d*)", r"~\1\2", v))
+
+
+def host_arch() -> str:
+    return subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def system_python_version() -> tuple[int, int]:
+    out = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(*sys.version_info[:2])"],
+                         capture_output=True, text=True, check=True).stdout
+    return tuple(map(int, out.split()))
+
+
+class Deb(NamedTuple):
+    path: Path      # the .deb
+    tree: Path      # its files (dpkg-deb -x)
+    ctrl: Path      # its control files (dpkg-deb -e)
+    workdir: Path   # holds the build's scratch directory
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory):
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("dpkg-deb not installed (Debian's dpkg package): cannot build the .deb")
+    work = tmp_path_factory.mktemp("deb")
+    scratch = work / "scratch"
+    scratch.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["TMPDIR"] = str(scratch)  # the build's scratch files, which nothing in the package may name
+    r = subprocess.run(["bash", BUILD_DEB, "--out", str(work / "out")], env=env, capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    etc = root / "etc" / "mcp-hostagent"
-    assert (etc / "env").stat().st_mode & 0o777 == 0o600
-    assert (etc / "config.toml").stat().st_mode & 0o777 == 0o640
-    assert (etc / "config.toml").read_text() == open(os.path.join(REPO, "packaging", "config.example.toml")).read()
-    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in (etc / "env").read_text()
-    assert (root / "etc/systemd/system/mcp-agent.service").read_text() == open(UNIT).read()
-    prefix = root / "opt" / "mcp-hostagent"
-    assert os.readlink(prefix / "bcc-only" / "bcc") == "/usr/lib/python3/dist-packages/bcc"
-    [pth] = list(prefix.glob("lib/python3*/site-packages/debian_bcc.pth"))
-    assert pth.read_text() == "/opt/mcp-hostagent/bcc-only\n"
-    v = subprocess.run([str(prefix / "bin" / "mcp-agent"), "version"], capture_output=True, text=True, timeout=60)
-    assert v.returncode == 0 and v.stdout.startswith("mcp-agent (mcp-hostagent) "), v.stderr
-    # the installed config is valid as it stands
-    s = subprocess.run([str(prefix / "bin" / "mcp-agent"), "run", "--show-config", "--config", str(etc / "config.toml")],
-                       capture_output=True, text=True, timeout=60, env=clean_env())
-    assert s.returncode == 0, s.stderr
+    [path] = (work / "out").glob("*.deb")
+    subprocess.run(["dpkg-deb", "-x", str(path), str(work / "tree")], check=True)
+    subprocess.run(["dpkg-deb", "-e", str(path), str(work / "ctrl")], check=True)
+    return Deb(path, work / "tree", work / "ctrl", work)
+
+
+def test_deb_control_fields(deb):
+    version, arch = debian_version(__version__), host_arch()
+    assert deb.path.name == f"mcp-hostagent_{version}_{arch}.deb"
+    out = subprocess.run(["dpkg-deb", "-f", str(deb.path)], capture_output=True, text=True, check=True).stdout
+    f = dict(re.findall(r"^(\S+): (.*)$", out, re.M))
+    assert f["Package"] == "mcp-hostagent" and f["Version"] == version and f["Architecture"] == arch
+    major, minor = system_python_version()
+    depends = [d.strip() for d in f["Depends"].split(",")]
+    # the venv's python3 symlink and its lib/pythonX.Y, and the cpXY wheels, hold only for this version
+    assert f"python3 (>= {major}.{minor}~)" in depends and f"python3 (<< {major}.{minor + 1})" in depends, depends
+    assert {"python3-bpfcc", "libbpfcc"} <= set(depends), depends
+    assert not [d for d in depends if d.split()[0] in ("bcc", "mcp-agent", "python3-venv", "python3-pip")]
+    assert re.search(rf"(^|, )linux-headers-{arch} \| linux-headers-cloud-{arch}(,|$)", f["Recommends"]), f
+    assert f["Maintainer"] and f["Description"] and int(f["Installed-Size"]) > 1000
+
+
+def test_deb_files_conffiles_and_venv(deb):
+    tree, ctrl = deb.tree, deb.ctrl
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb.path)], capture_output=True, text=True, check=True).stdout
+    entries = {}
+    for ln in listing.splitlines():
+        perms, owner, _size, _date, _time, rest = ln.split(None, 5)
+        path, _, target = rest.partition(" -> ")
+        entries[path[1:].rstrip("/") or "/"] = (perms, owner, target)
+    assert {owner for _, owner, _ in entries.values()} == {"root/root"}
+    assert entries["/etc/mcp-hostagent/env"][0] == "-rw-------"
+    assert entries["/etc/mcp-hostagent/config.toml"][0] == "-rw-r-----"
+    assert entries["/usr/bin/mcp-agent"][2] == f"{PREFIX}/bin/mcp-agent"
+    assert entries[f"{PREFIX}/bcc-only/bcc"][2] == "/usr/lib/python3/dist-packages/bcc"
+    assert (ctrl / "conffiles").read_text().split() == CONFFILES
+    for script in ("postinst", "prerm", "postrm"):
+        assert os.access(ctrl / script, os.X_OK)
+        assert (ctrl / script).read_text() == open(os.path.join(REPO, "packaging", "deb", script)).read()
+    # the packaged copies are the repository's
+    same = {"etc/mcp-hostagent/config.toml": "packaging/config.example.toml", "etc/mcp-hostagent/env": "packaging/env.example",
+            "lib/systemd/system/mcp-agent.service": "packaging/mcp-agent.service",
+            "etc/logrotate.d/mcp-hostagent": "packaging/logrotate"}
+    for packaged, source in same.items():
+        assert (tree / packaged).read_text() == open(os.path.join(REPO, source)).read(), packaged
+    [exec_start] = unit_values("ExecStart")
+    assert exec_start.split()[0] == f"{PREFIX}/bin/mcp-agent" and entries[exec_start.split()[0]][0].startswith("-rwx")
+    # a venv for its final path: shebangs, pyvenv.cfg and the bcc .pth name /opt/mcp-hostagent
+    venv = tree / PREFIX.lstrip("/")
+    assert (venv / "bin" / "mcp-agent").read_text().splitlines()[0] == f"#!{PREFIX}/bin/python3"
+    cfg = dict(ln.split(" = ", 1) for ln in (venv / "pyvenv.cfg").read_text().splitlines())
+    assert cfg["home"] == "/usr/bin" and cfg["include-system-site-packages"] == "false"
+    [pth] = venv.glob("lib/python3*/site-packages/debian_bcc.pth")
+    assert pth.read_text() == f"{PREFIX}/bcc-only\n"
+    site = pth.parent
+    dists = {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")}
+    assert {"mcp_hostagent", "click", "psutil", "pyroute2", "opentelemetry_sdk", "grpcio"} <= dists, dists
+    assert not dists & {"pip", "setuptools", "wheel", "bcc", "mcp_agent", "pytest"}, dists
+    # byte-code is the postinst's to make; nothing names the build's scratch directory or this checkout
+    files = [p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert not [p for p in files if p.suffix == ".pyc" or "__pycache__" in p.parts]
+    leaks = [p for p in files if str(deb.workdir).encode() in p.read_bytes() or REPO.encode() in p.read_bytes()]
+    assert not leaks, leaks
+    # md5sums: every shipped file but the conffiles, with its hash
+    sums = dict(reversed(ln.split("  ", 1)) for ln in (ctrl / "md5sums").read_text().splitlines())
+    assert set(sums) == {str(p.relative_to(tree)) for p in files} - {c.lstrip("/") for c in CONFFILES}
+    assert all(hashlib.md5((tree / p).read_bytes()).hexdigest() == h for p, h in sums.items())
+
+
+def install_blocker() -> str | None:
+    """Why this host's own mcp-agent install must not be touched by a test that purges, if it has one."""
+    if os.geteuid() != 0:
+        return "needs root (dpkg -i)"
+    st = subprocess.run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}", "mcp-hostagent"],
+                        capture_output=True, text=True)
+    if st.returncode == 0 and not st.stdout.startswith("un"):
+        return f"mcp-hostagent is already known to dpkg here (status {st.stdout.strip()!r}); not touching it"
+    there = [p for p in INSTALLED if os.path.lexists(p) and p != STATE]
+    if there:
+        return f"{', '.join(there)} already exist (an install from elsewhere), and purging would remove them"
+    return None
+
+
+def dpkg(*args: str, offline: bool = False) -> subprocess.CompletedProcess:
+    cmd = ["dpkg", *args]
+    if offline:  # a network namespace with no interface: installing must need no network
+        cmd = ["unshare", "--net", *cmd]
+    env = {**clean_env(), "DEBIAN_FRONTEND": "noninteractive"}
+    deadline = time.monotonic() + 120
+    while True:  # another dpkg or apt (a test elsewhere on this machine) holds the lock: wait
+        r = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+        if r.returncode == 0 or "lock" not in r.stderr or time.monotonic() > deadline:
+            return r
+        time.sleep(2)
+
+
+def left_behind(r: subprocess.CompletedProcess) -> list[str]:
+    """Directories dpkg kept because something it does not know of was in them; /opt is only shared (no
+    Debian package owns it, so this package is its owner of record, and other software lives there)."""
+    dirs = re.findall(r"directory '([^']*)' not empty so not removed", r.stdout + r.stderr)
+    return [d for d in dirs if d != "/opt"]
+
+
+def dpkg_status() -> str:
+    return subprocess.run(["dpkg-query", "-W", "-f", "${Status}", "mcp-hostagent"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.bpf
+def test_deb_installs_offline_runs_upgrades_and_purges_clean(deb):
+    if reason := install_blocker():
+        pytest.skip(reason)
+    offline = shutil.which("unshare") is not None and subprocess.run(["unshare", "--net", "true"]).returncode == 0
+    # An agent run from a source tree may have left telemetry there; purge would delete it: set aside.
+    kept = f"{STATE}.before-test-{os.getpid()}" if os.path.lexists(STATE) else None
+    if kept:
+        os.rename(STATE, kept)
+    try:
+        r = dpkg("-i", str(deb.path), offline=offline)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert dpkg_status() == "install ok installed"
+        v = subprocess.run(["/usr/bin/mcp-agent", "version"], env=clean_env(), capture_output=True, text=True,
+                           timeout=60)
+        assert v.returncode == 0 and v.stdout == f"mcp-agent (mcp-hostagent) {__version__}\n", v.stdout + v.stderr
+        # bcc from python3-bpfcc, through the venv's bcc-only directory; nothing else from dist-packages
+        b = subprocess.run([f"{PREFIX}/bin/python", "-c", "import bcc, sys; print(bcc.__file__); print(sys.path)"],
+                           env=clean_env(), capture_output=True, text=True, check=True)
+        assert b.stdout.startswith(f"{PREFIX}/bcc-only/bcc/") and "/usr/lib/python3/dist-packages" not in b.stdout
+        # the installed tree attaches every probe this kernel has, with the installed config
+        p = subprocess.run(["/usr/bin/mcp-agent", "probes", "--config", "/etc/mcp-hostagent/config.toml"],
+                           env=clean_env(), capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stdout + p.stderr
+        states = {ln.split()[0]: ln.split()[2] for ln in p.stdout.splitlines() if len(ln.split()) >= 3}
+        assert all(states.get(name) == "attached" for name in expected_attached()), p.stdout
+        if shutil.which("systemd-analyze"):
+            a = subprocess.run(["systemd-analyze", "verify", "--man=no", "/lib/systemd/system/mcp-agent.service"],
+                               capture_output=True, text=True, timeout=60)
+            assert a.returncode == 0 and a.stdout == "" and a.stderr == "", (a.returncode, a.stdout, a.stderr)
+        if shutil.which("deb-systemd-helper"):  # enabled, as Debian enables a packaged service
+            assert os.readlink(WANTS) == "/lib/systemd/system/mcp-agent.service"
+        assert oct(os.stat(STATE).st_mode & 0o777) == "0o750"
+        assert any(Path(PREFIX, "lib").rglob("cli.cpython-*.pyc")), "postinst compiled no byte-code"
+        ver = subprocess.run(["dpkg", "-V", "mcp-hostagent"], capture_output=True, text=True)
+        assert ver.returncode == 0 and ver.stdout == "", ver.stdout + ver.stderr
+        if shutil.which("logrotate"):
+            lr = subprocess.run(["logrotate", "-d", "/etc/logrotate.d/mcp-hostagent"], capture_output=True, text=True)
+            assert lr.returncode == 0 and "error" not in lr.stderr.lower(), lr.stderr
+
+        # an upgrade (here: the same version again) runs prerm/postinst and keeps a changed conffile
+        with open("/etc/mcp-hostagent/config.toml", "a") as f:
+            f.write("# changed by the admin\n")
+        r = dpkg("-i", str(deb.path), offline=offline)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert open("/etc/mcp-hostagent/config.toml").read().endswith("# changed by the admin\n")
+        assert os.stat("/etc/mcp-hostagent/env").st_mode & 0o777 == 0o600
+        assert any(Path(PREFIX, "lib").rglob("cli.cpython-*.pyc"))
+
+        # remove: the program goes, the configuration stays
+        r = dpkg("-r", "mcp-hostagent")
+        assert r.returncode == 0 and not left_behind(r), r.stdout + r.stderr
+        assert dpkg_status() == "deinstall ok config-files"
+        assert not [p for p in (PREFIX, "/usr/bin/mcp-agent", "/lib/systemd/system/mcp-agent.service")
+                    if os.path.lexists(p)]
+        assert os.path.exists("/etc/mcp-hostagent/config.toml") and os.path.isdir(STATE)
+
+        # purge: nothing is left
+        r = dpkg("--purge", "mcp-hostagent")
+        assert r.returncode == 0 and not left_behind(r), r.stdout + r.stderr
+        assert dpkg_status() in ("", "unknown ok not-installed")
+        assert [p for p in INSTALLED if os.path.lexists(p)] == []
+        assert not list(Path("/var/lib/systemd").glob("deb-systemd-helper-*/**/mcp-agent.service*"))
+    finally:
+        if dpkg_status() not in ("", "unknown ok not-installed"):
+            dpkg("--purge", "mcp-hostagent")
+        if kept and not os.path.lexists(STATE):
+            os.rename(kept, STATE)
