@@ -88,8 +88,10 @@ class RunningAgent:
         self.agent.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def agent():
+    # Per module, not per session: a shared agent left running sees every later test's workload
+    # (storms, libraries, log lines) and its memory and threads count as those tests' own.
     a = RunningAgent({})
     yield a
     a.close()
