@@ -266,6 +266,9 @@ class Agent:
             return  # the first window only sets the baseline
         d = {name: totals[i] - prev["totals"][i] for name, i in RT.items()}
         dvm = {k: vm.get(k, 0) - prev["vm"].get(k, 0) for k in memstat.VMSTAT_KEYS}
+        for n, ticks in cpu.items():
+            if ticks > prev["cpu"].get(n, ticks):
+                self.kswapd.assume_awake(n, w0)
         nodes = self.kswapd.nodes() | set(cpu)
         ratios = {n: self.kswapd.active_ns(w0, now, n) / max(now - w0, 1) for n in nodes}
         context = {k: v for k, v in dvm.items() if v}

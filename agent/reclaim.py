@@ -23,11 +23,24 @@ class KswapdTracker:
     def __init__(self, keep: int = 4096):
         self.awake_since: dict[int, int] = {}
         self.intervals: deque[tuple[int, int, int]] = deque(maxlen=keep)  # (nid, start, end)
+        self.seen: set[int] = set()  # nodes with a wake or sleep record since the probes attached
 
     def wake(self, nid: int, ts: int) -> None:
+        self.seen.add(nid)
         self.awake_since.setdefault(nid, ts)
 
+    def assume_awake(self, nid: int, since: int) -> bool:
+        """A kswapd that used CPU although no record of it ever came was awake when the probes attached
+        (mm_vmscan_kswapd_wake fires before each balance_pgdat() run, which lasts seconds under
+        pressure): count it awake from `since` until its sleep record. True if this changed anything."""
+        if nid in self.seen:
+            return False
+        self.seen.add(nid)
+        self.awake_since[nid] = since
+        return True
+
     def sleep(self, nid: int, ts: int) -> None:
+        self.seen.add(nid)
         start = self.awake_since.pop(nid, None)
         if start is not None:
             self.intervals.append((nid, start, ts))

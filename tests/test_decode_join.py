@@ -116,3 +116,19 @@ def test_rejected_counts_refusals_not_activity():
     h.rejected["decode_short"] += 1
     h.rejected["mark_bad"] += 1
     assert Telemetry.rejected(SimpleNamespace(health=h)) == {"mark_bad": 5, "begin_cap": 0, "decode_short": 1}
+
+
+def test_kswapd_awake_before_attach_counts_from_its_first_cpu():
+    """No wake record can come for a kswapd already in balance_pgdat() when the probes attach: its CPU
+    time says it was awake, until its sleep record. A node with records is left to them."""
+    from mcp_hostagent.reclaim import KswapdTracker
+
+    k = KswapdTracker()
+    assert k.assume_awake(0, 1_000) is True
+    assert k.active_ns(0, 3_000, 0) == 2_000
+    k.sleep(0, 2_500)
+    assert k.active_ns(0, 3_000, 0) == 1_500 and not k.awake_since
+    assert k.assume_awake(0, 4_000) is False  # records came since: they decide
+    k.wake(1, 100)
+    k.sleep(1, 200)
+    assert k.assume_awake(1, 300) is False and k.active_ns(0, 1_000, 1) == 100
