@@ -44,25 +44,36 @@ def prog_ids(b) -> set[int]:
     return out
 
 
-def our_links(pid: int | None = None) -> list[dict]:
-    """uprobe_multi links a process holds (default: this one), from /proc/PID/fdinfo (Linux 6.10+
-    prints a uprobe_multi link's path and offsets there)."""
-    pid = pid or os.getpid()
+def uprobe_links(pids=None) -> list[dict]:
+    """The uprobe_multi links `pids` hold (default: every process), from /proc/PID/fdinfo (Linux 6.10+
+    prints a uprobe_multi link's prog id, path and offsets there)."""
     out = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+    for pid in pids or [int(p) for p in os.listdir("/proc") if p.isdigit()]:
         try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:bpf_link":
-                continue
-            text = open(f"/proc/{pid}/fdinfo/{fd}").read()
+            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue
-        m = re.search(r"^link_type:\s+(\S+)$", text, re.M)
-        if m and m.group(1) in ("uprobe_multi", "uretprobe_multi"):
-            p = re.search(r"^path:\s+(.*)$", text, re.M)
-            pid_m = re.search(r"^prog_id:\s+(\d+)$", text, re.M)
-            out.append({"fd": int(fd), "type": m.group(1), "path": p.group(1) if p else "",
-                        "prog_id": int(pid_m.group(1)) if pid_m else None})
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:bpf_link":
+                    continue
+                text = open(f"/proc/{pid}/fdinfo/{fd}").read()
+            except OSError:
+                continue
+            kind = re.search(r"^link_type:\s+(\S+)$", text, re.M)
+            if not kind or kind.group(1) not in ("uprobe_multi", "uretprobe_multi"):
+                continue
+            path = re.search(r"^path:\s+(.*)$", text, re.M)
+            prog = re.search(r"^prog_id:\s+(\d+)$", text, re.M)
+            out.append({"pid": pid, "fd": int(fd), "type": kind.group(1), "path": path.group(1) if path else "",
+                        "prog_id": int(prog.group(1)) if prog else None,
+                        "offsets": [int(o, 16) for o in re.findall(r"^\d+\s+0x([0-9a-f]+)\s+0x[0-9a-f]+$", text, re.M)]})
     return out
+
+
+def our_links() -> list[dict]:
+    """uprobe_multi links this process holds."""
+    return uprobe_links([os.getpid()])
 
 
 @pytest.fixture(scope="module")

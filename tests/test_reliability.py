@@ -126,6 +126,17 @@ def span_ids(req: dict) -> list[str]:
     return out
 
 
+def stopped_clean(rc: int, took: float, err: str) -> tuple[int, int]:
+    """After an outage: exit 0 within 5 s, flushed, nothing lost in the kernel or user space (the
+    reader never waits on the exporters). The exit line's (spans exported, spans dropped)."""
+    assert rc == 0 and took < 5 and "Traceback" not in err, err
+    stopped = STOPPED.search(err)
+    assert stopped and "did not flush" not in err, err
+    exported, dropped, lost_k, lost_u = map(int, stopped.groups())
+    assert lost_k == 0 and lost_u == 0
+    return exported, dropped
+
+
 def last_counter(reqs: list[dict], name: str) -> dict[str, int]:
     """The last cumulative value of a counter in OTLP-JSON metric requests, by its mcp.reason (or "")."""
     out = {}
@@ -184,11 +195,7 @@ def test_collector_outage_counts_every_span_and_recovers(tmp_path):
         a.close()
         rx.stop()
     err = a.stderr
-    assert rc == 0 and took < 5 and "Traceback" not in err, err
-    stopped = STOPPED.search(err)
-    assert stopped and "did not flush" not in err, err
-    exported, dropped, lost_k, lost_u = map(int, stopped.groups())
-    assert lost_k == 0 and lost_u == 0  # the reader kept up: it never waits on the exporters
+    exported, dropped = stopped_clean(rc, took, err)
     # ~20 retries and failures a signal during the outage, logged at most once per 30 s per exporter
     # logger (gRPC: one for both signals); the rest are counted in the metrics
     export_errors = [ln for ln in lines(err) if re.search(r"(Transient error|Failed to export) ", ln)]
