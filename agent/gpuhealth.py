@@ -162,8 +162,10 @@ class GpuHealth:
         """(name, t_ns, attributes) of Xid events on the process's GPUs (or naming it), PCIe tracepoint
         events on their paths, and NIC events in the window."""
         bdfs = set(self.gpus_of(pid).values())
+        # NVML's Xid events carry no message: the attribute is left off (OTel drops None with a warning)
         out = [("mcp.gpu.xid", x.t_ns, {"mcp.gpu.xid": x.xid, "mcp.gpu.pci_bus_id": x.pci_bus_id or "",
-                                        "mcp.gpu.xid.source": x.source, "mcp.gpu.xid.message": x.msg})
+                                        "mcp.gpu.xid.source": x.source,
+                                        **({"mcp.gpu.xid.message": x.msg} if x.msg is not None else {})})
                for x in self.xids if t0_ns <= x.t_ns <= t1_ns
                and (normalize_bdf(x.pci_bus_id) in bdfs or (x.pid is not None and x.pid == pid))]
         paths = getattr(self.last_pcie, "paths", None) or {}

@@ -547,3 +547,17 @@ def test_aer_event_on_a_device_with_counters_is_not_counted_twice(sysroot):
     judge.note_aer_event("0000:99:00.0", "fatal")  # a device on no GPU's path
     run(poller, judge, clock, IDLE_UTIL, 3)
     assert judge.aer_events_off_path == 1
+
+
+def test_nvml_xid_span_event_has_no_message_attribute():
+    """NVML's Xid events carry no driver text: the span event leaves mcp.gpu.xid.message off rather
+    than handing OTel a None (which it drops with a warning)."""
+    from mcp_hostagent.gpuhealth import GpuHealth
+    from mcp_hostagent.nvml import XidEvent
+
+    g = GpuHealth(enabled=False, nic=False)
+    g.xids.append(XidEvent(100, 0, "GPU-x", "0000:00:06.0", 31, pid=4242))
+    g.xids.append(XidEvent(200, 0, "GPU-x", "0000:00:06.0", 79, source="bpf", msg="fallen off the bus", pid=4242))
+    (a, b) = [attrs for _, _, attrs in g.events_between(4242, 0, 1000)]
+    assert a == {"mcp.gpu.xid": 31, "mcp.gpu.pci_bus_id": "0000:00:06.0", "mcp.gpu.xid.source": "nvml"}
+    assert b["mcp.gpu.xid.message"] == "fallen off the bus"
