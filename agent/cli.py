@@ -136,6 +136,12 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, strict, 
     }
     env0 = dict(os.environ)  # SIGHUP re-reads with this (the agent itself later sets BCC_KERNEL_SOURCE)
     cfg = _load(config_path, overrides, env0)
+    from .otlpheaders import check_env
+
+    try:  # before the SDK parses them: it logs an entry it cannot parse, token and all
+        check_env(env0)
+    except ValueError as e:
+        _fail(str(config_mod.ConfigError(str(e))), EXIT_CONFIG)
     if show_config:
         click.echo("\n".join(config_mod.describe(cfg)))
         return
@@ -234,6 +240,14 @@ def _start_agent(cfg, progress, echo, reloads):
     from .control import serve
     from .pipeline import Agent, StartError
 
+    from mcp_hostagent.exporters.jsonl import UnsafeFileError, check_jsonl_path
+
+    if cfg.export_jsonl_path:
+        try:  # refused here, one line, before any probe loads; later (rotation) it is counted instead
+            check_jsonl_path(cfg.export_jsonl_path)
+        except OSError as e:
+            what = str(e) if isinstance(e, UnsafeFileError) else (e.strerror or str(e))
+            raise StartError(f"export.jsonl_path {cfg.export_jsonl_path}: {what}") from None
     try:
         exporters = _exporters_for(cfg)
     except config_mod.ConfigError as e:
@@ -258,7 +272,7 @@ def _start_agent(cfg, progress, echo, reloads):
         echo(f"  export:   {sink}")
     echo("  mark requests: python -c 'from mcp_hostagent.marker import request' (docs/MARKER.md); Ctrl-C stops")
     _reload_metrics(agent, reloads)
-    return agent, serve(agent.snapshots, echo, cfg.control_socket, cfg.control_group)
+    return agent, serve(agent.snapshots, echo, cfg.control_socket, cfg.control_group, rejected=agent.health.rejected)
 
 
 def _reload_metrics(agent, reloads) -> None:

@@ -9,8 +9,10 @@ a connection the client may keep:
     {"op": "snapshot"}  -> the latest snapshot.Snapshot as JSON (a bare `snapshot` line works too)
 
 The server only reads SnapshotBuilder.latest_json(): serving a client never touches BPF, NVML or the
-pipeline's thread. Clients are bounded (count, request size, idle time), so a stuck or hostile one
-costs one thread until its timeout and nothing else.
+pipeline's thread. Clients are bounded (count, count per uid, request size, idle time, and a total
+time per connection), so a stuck or hostile one costs one thread until its deadline and nothing
+else; each refusal is counted (`rejected`, the agent's mcp.agent.records.rejected, reasons control_*).
+ControlClient reconnects when the agent ends a connection, so the deadline costs `top` nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import logging
 import os
 import socket
 import stat
+import struct
 import threading
+import time
+from collections import Counter
 
 from . import __version__
 from .snapshot import Snapshot
@@ -31,6 +36,9 @@ log = logging.getLogger("mcp_hostagent")
 DEFAULT_SOCKET = "/run/mcp-hostagent/agent.sock"  # the control.socket setting's default
 MAX_REQUEST = 4096
 MAX_ANSWER = 64 << 20
+MAX_CLIENTS = 16
+MAX_CLIENTS_PER_UID = 4  # one uid (one user in control.group) cannot take every slot
+CONNECTION_DEADLINE_S = 60.0  # a connection's whole life: a trickling client cannot hold a slot longer
 
 
 class ControlError(RuntimeError):
@@ -80,8 +88,10 @@ def group_name(gid: int) -> str:
 
 
 class ControlServer:
-    def __init__(self, builder, path: str | None = None, mode: int = 0o660, max_clients: int = 8,
-                 idle_timeout_s: float = 30.0, group: str | int | None = None):
+    def __init__(self, builder, path: str | None = None, mode: int = 0o660, max_clients: int = MAX_CLIENTS,
+                 idle_timeout_s: float = 30.0, group: str | int | None = None,
+                 max_per_uid: int = MAX_CLIENTS_PER_UID, deadline_s: float = CONNECTION_DEADLINE_S,
+                 rejected: Counter | None = None):
         self.builder = builder
         self.path = path or DEFAULT_SOCKET
         self.mode = mode
@@ -90,6 +100,12 @@ class ControlServer:
         self.group_error: str | None = None  # control.group could not be applied: why, with a hint
         self.idle_timeout_s = idle_timeout_s
         self._slots = threading.BoundedSemaphore(max_clients)
+        self.max_per_uid = max_per_uid
+        self.deadline_s = deadline_s
+        self._per_uid: Counter = Counter()  # uid -> connections being served
+        self._lock = threading.Lock()
+        # refusals by reason; the agent passes AgentHealth.rejected, which it exports
+        self.rejected: Counter = Counter() if rejected is None else rejected
         self._sock: socket.socket | None = None
         self._ino: int | None = None
         self._stop = threading.Event()
@@ -179,33 +195,83 @@ class ControlServer:
             if self._stop.is_set():
                 conn.close()
                 return
-            if not self._slots.acquire(blocking=False):
-                try:
-                    conn.sendall(b'{"error":"too many clients"}\n')
-                finally:
-                    conn.close()
+            try:
+                uid = peer_uid(conn)
+            except OSError:
+                conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="mcp-control-client", daemon=True).start()
+            with self._lock:
+                over_uid = self._per_uid[uid] >= self.max_per_uid
+                if not over_uid:
+                    self._per_uid[uid] += 1
+            if over_uid:
+                self._refuse(conn, "control_uid_limit", b'{"error":"too many clients of this uid"}\n')
+                continue
+            if not self._slots.acquire(blocking=False):
+                self._release_uid(uid)
+                self._refuse(conn, "control_too_many_clients", b'{"error":"too many clients"}\n')
+                continue
+            threading.Thread(target=self._serve, args=(conn, uid), name="mcp-control-client", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def count(self, reason: str) -> None:
+        with self._lock:
+            self.rejected[reason] += 1
+
+    def _refuse(self, conn: socket.socket, reason: str, line: bytes) -> None:
+        self.count(reason)
+        try:  # never blocks the accept loop: a fresh socket's buffer takes one line
+            conn.setblocking(False)
+            conn.send(line)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def _release_uid(self, uid: int) -> None:
+        with self._lock:
+            self._per_uid[uid] -= 1
+            if self._per_uid[uid] <= 0:
+                del self._per_uid[uid]
+
+    def _serve(self, conn: socket.socket, uid: int) -> None:
+        # Each blocking call gets the time left to the connection's deadline (at most the idle
+        # timeout): a per-call timeout alone lets a client that sends a byte a second stay forever.
+        deadline = time.monotonic() + self.deadline_s
+
+        def budget() -> float:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            return min(left, self.idle_timeout_s)
+
         try:
-            conn.settimeout(self.idle_timeout_s)
             buf = b""
             while not self._stop.is_set():
                 while b"\n" not in buf:
                     if len(buf) > MAX_REQUEST:
+                        self.count("control_request_too_long")
+                        conn.settimeout(budget())
                         conn.sendall(b'{"error":"request too long"}\n')
                         return
+                    conn.settimeout(budget())
                     chunk = conn.recv(4096)
                     if not chunk:
                         return
                     buf += chunk
                 line, buf = buf.split(b"\n", 1)
-                conn.sendall(self.answer(line))
-        except OSError:  # timeout, reset, broken pipe: the client's problem, not the agent's
+                answer = self.answer(line)
+                conn.settimeout(budget())
+                conn.sendall(answer)  # (a whole sendall is bounded by the timeout: Python >= 3.5)
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                self.count("control_deadline")
+            else:
+                self.count("control_idle")
+        except OSError:  # reset, broken pipe: the client's problem, not the agent's
             pass
         finally:
             conn.close()
+            self._release_uid(uid)
             self._slots.release()
 
     def answer(self, line: bytes) -> bytes:
@@ -217,6 +283,9 @@ class ControlServer:
                 op = req.get("op") if isinstance(req, dict) else None
             except ValueError:
                 return b'{"error":"bad JSON"}\n'
+            except RecursionError:  # [[[[...]]]] deeper than the interpreter's recursion limit
+                self.count("control_nested_json")
+                return b'{"error":"JSON nested too deep"}\n'
         elif text:
             op = text.decode("ascii", "replace")
         if op == "snapshot":
@@ -300,12 +369,18 @@ def agent_answers(path: str | None = None, timeout_s: float = 1.0) -> bool:
         c.close()
 
 
-def serve(builder, echo, path: str, group: str | None = None) -> ControlServer | None:
+def peer_uid(conn: socket.socket) -> int:
+    """The connecting process's uid, from the kernel (SO_PEERCRED), not from anything it says."""
+    _pid, uid, _gid = struct.unpack("iII", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII")))
+    return uid
+
+
+def serve(builder, echo, path: str, group: str | None = None, rejected: Counter | None = None) -> ControlServer | None:
     """Start serving for `mcp-agent run`: one line on what happened; a failure costs the socket only."""
     if not path:
         echo('  control:  off (control.socket = "")')
         return None
-    srv = ControlServer(builder, path, group=group)
+    srv = ControlServer(builder, path, group=group, rejected=rejected)
     try:
         srv.start()
     except (ControlError, OSError) as e:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-import shlex
 import threading
 import time
 from collections import OrderedDict
@@ -21,6 +20,8 @@ from datetime import datetime, timezone
 from typing import Callable
 
 import psutil
+
+from .redact import command_line as _command_line
 
 # --- hostile text ------------------------------------------------------------------------------
 
@@ -312,8 +313,11 @@ def _iso8601(ns: int) -> str:
 class ProcessRegistry:
     """pid -> ProcessInfo, cached per (pid, start time) so a reused pid never gets the old record."""
 
-    def __init__(self, proc_root: str = "/proc", resolver: CgroupResolver | None = None, max_entries: int = 8192):
+    def __init__(self, proc_root: str = "/proc", resolver: CgroupResolver | None = None, max_entries: int = 8192,
+                 command_line: str = "redacted"):
         self._proc_root = proc_root
+        # the process.command_line setting: argv is where credentials get passed (redact.redact_argv)
+        self.command_line_mode = command_line
         self._resolver = resolver or CgroupResolver(proc_root=proc_root)
         self.cgroups = self._resolver
         self._max_entries = max_entries
@@ -326,7 +330,8 @@ class ProcessRegistry:
             # exec keeps the pid and start time but changes comm and args; and for a moment inside
             # exec (after the new mm is in place, before create_elf_tables() sets arg_start) the
             # cmdline reads empty: a record without one is looked at again rather than trusted
-            if (cached is not None and cached.start_time_ns == start_ns and cached.command_line is not None
+            if (cached is not None and cached.start_time_ns == start_ns
+                    and (cached.command_line is not None or self.command_line_mode == "off")
                     and cached.comm == sanitize_text(proc.name())):
                 self._cache.move_to_end(pid)
                 return cached
@@ -359,7 +364,7 @@ class ProcessRegistry:
             start_time_ns=start_ns,
             comm=comm,
             exe_name=sanitize_text(posixpath.basename(exe)) if exe else comm or None,
-            command_line=sanitize_text(shlex.join(args), 1024) if args else None,
+            command_line=sanitize_text(_command_line(args, self.command_line_mode) or "", 1024) or None,
             owner=sanitize_text(owner) if owner else None,
             cgroup_path=sanitize_text(cgroup_path, 1024) if cgroup_path else None,
             container_id=container.container_id if container else None,

@@ -78,3 +78,44 @@ def parse_headers(text: str) -> dict[str, str]:
     if not out:
         raise ValueError("no headers in it")
     return out
+
+
+# ---- OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]HEADERS ----------------------------------------------------
+# The SDK parses these itself, and logs an entry it cannot parse whole, value included, at warning
+# (opentelemetry.util.re): `Authorization:Bearer <token>` put the token in the agent's log. The
+# agent checks them first, with the SDK's own grammar (liberal form: a value may hold spaces), and
+# refuses to start on one the SDK would not take; its error names the header, never the value.
+ENV_HEADER_VARS = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                   "OTEL_EXPORTER_OTLP_METRICS_HEADERS")
+_ENV_KEY = r"[\x21\x23-\x27\x2a\x2b\x2d\x2e\x30-\x39\x41-\x5a\x5e-\x7a\x7c\x7e]+"
+_ENV_KEY_RE = re.compile(_ENV_KEY + r"\Z")
+_ENV_VALUE_RE = re.compile(r"[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*\Z")
+_ENV_PAIR = re.compile(rf"[ \t]*{_ENV_KEY}[ \t]*=[ \t]*[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*[ \t]*\Z")
+_ENV_DELIMITER = re.compile(r"[ \t]*,[ \t]*")
+
+
+def check_env_headers(name: str, text: str) -> None:
+    """ValueError(reason) unless every comma-separated entry of text is a header the SDK parses
+    without a warning. The reason names the header (or its position), never a value."""
+    for n, entry in enumerate(re.split(_ENV_DELIMITER, text), 1):
+        if not entry or _ENV_PAIR.match(entry.strip()):
+            continue
+        entry = entry.strip()
+        key, eq, _ = entry.partition("=")
+        colon_key = entry.partition(":")[0].strip()
+        if eq and _ENV_KEY_RE.match(key.strip()):
+            raise ValueError(f"{name}: header {key.strip().lower()!r}: the value has characters OTLP headers "
+                             "do not allow unencoded (\" , ; \\ or control characters: %-encode them); "
+                             "the value is not shown")
+        if not eq and ":" in entry and _ENV_KEY_RE.match(colon_key):
+            raise ValueError(f"{name}: header {colon_key.lower()!r}: written name:value; OTLP headers are "
+                             f"name=value (e.g. {colon_key.lower()}=...); the value is not shown")
+        raise ValueError(f"{name}: entry {n} of the comma-separated list is not name=value; "
+                         "its text is not shown")
+
+
+def check_env(env) -> None:
+    """check_env_headers for each OTEL_EXPORTER_OTLP_*HEADERS variable set in env."""
+    for name in ENV_HEADER_VARS:
+        if env.get(name):
+            check_env_headers(name, env[name])

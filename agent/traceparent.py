@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_TP = re.compile(rb"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+# matched with fullmatch: "$" would also match before a final "\n", letting "...-01\n" through
+_TP = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class TraceParent:
 
 def parse(raw: bytes) -> TraceParent | None:
     """Valid version-00 (or later, forward-compatible) traceparent -> ids; anything else -> None."""
-    m = _TP.match(raw)
+    m = _TP.fullmatch(raw)
     if not m:
         return None
     version, trace_id, span_id, flags = m.groups()

@@ -26,6 +26,7 @@ from .counting import (
 )
 from .jsonl import JsonlMetricExporter, JsonlSpanExporter, JsonlWriter
 from .otlp import otlp_metric_exporter, otlp_span_exporter
+from ..redact import redact_url
 
 __all__ = [
     "ConsoleSpanExporter",
@@ -100,14 +101,14 @@ def build_exporters(
     if otlp_endpoint:
         spans.append(otlp_span_exporter(otlp_endpoint, protocol, otlp_timeout_s, headers=th))
         metrics.append(otlp_metric_exporter(otlp_endpoint, protocol, otlp_timeout_s, headers=mh))
-        sinks.append(f"otlp {protocol}: {otlp_endpoint}")
+        sinks.append(f"otlp {protocol}: {redact_url(otlp_endpoint)}")
     else:  # endpoint=None: the SDK reads it from env; a signal without one stays off
         if env := _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
             spans.append(otlp_span_exporter(None, protocol, otlp_timeout_s, headers=th))
-            sinks.append(f"otlp {protocol} traces: {env} (from env)")
+            sinks.append(f"otlp {protocol} traces: {redact_url(env)} (from env)")
         if env := _env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
             metrics.append(otlp_metric_exporter(None, protocol, otlp_timeout_s, headers=mh))
-            sinks.append(f"otlp {protocol} metrics: {env} (from env)")
+            sinks.append(f"otlp {protocol} metrics: {redact_url(env)} (from env)")
     otlp_on = any(s.startswith("otlp ") for s in sinks)
     if otlp_on:  # its retries and failures are logged at most every 30 s (and counted, always)
         install_export_error_filters()

@@ -15,6 +15,8 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from ..redact import redact_text
+
 _log = logging.getLogger(__name__)
 
 # SDK 1.45 logs "Queue full, dropping Span." on this logger for every dropped span.
@@ -166,6 +168,24 @@ class _ExportErrorFilter(_RateLimitFilter):
         return ok
 
 
+class _RedactFilter(logging.Filter):
+    """The exporters log their endpoint (gRPC: the URL's netloc, `user:password@host:port`) and
+    gRPC's error details name the target too: a password in the endpoint URL is replaced by ***."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact_text(record.msg)
+        if isinstance(record.args, tuple):
+            args = []
+            for a in record.args:
+                text = a if isinstance(a, str) else str(a) if not isinstance(a, (int, float)) else None
+                args.append(a if text is None or redact_text(text) == text else redact_text(text))
+            record.args = tuple(args)
+        return True
+
+
+_redact_filter = _RedactFilter()
+
 # the loggers of the SDK's OTLP exporters (gRPC: one for both signals)
 _OTLP_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter",
                  "opentelemetry.exporter.otlp.proto.http.trace_exporter",
@@ -175,6 +195,7 @@ _export_error_filters: dict[str, _ExportErrorFilter] = {}
 
 def install_export_error_filters(interval_s: float = 30.0) -> None:
     for name in _OTLP_LOGGERS:
+        logging.getLogger(name).addFilter(_redact_filter)  # (the same filter is added once only)
         if name not in _export_error_filters:
             _export_error_filters[name] = _ExportErrorFilter(interval_s)
             logging.getLogger(name).addFilter(_export_error_filters[name])

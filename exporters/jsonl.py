@@ -20,10 +20,12 @@ exemplars, the one place they occur there.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import logging
 import math
 import os
+import stat
 import threading
 from collections.abc import Mapping
 from collections.abc import Sequence as AbcSequence
@@ -288,18 +290,104 @@ def _makedirs(path: str, mode: int) -> None:
         pass
 
 
+class UnsafeFileError(OSError):
+    """The JSONL path is not one only the agent controls; str() is one line saying why."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+# What the agent creates: 0640 (0600 under a stricter umask). More than that for group or others, or
+# any special bit, means someone else made the file or can read what goes into it.
+_FILE_MODE = 0o640
+_FILE_EXTRA = 0o7777 & ~_FILE_MODE & ~0o100
+
+
+def _check_dirs(path: str, euid: int) -> None:
+    """Every directory above path, as written and as resolved, must be root's or ours and not writable
+    by group or others unless sticky (/tmp): else its other writers can swap what the path names."""
+    seen = set()
+    lexical = os.path.dirname(os.path.abspath(path))
+    for start in (lexical, os.path.realpath(lexical)):
+        d = start
+        while True:
+            if d not in seen:
+                seen.add(d)
+                st = os.stat(d)
+                if st.st_uid not in (0, euid):
+                    raise UnsafeFileError(f"directory {d} is owned by uid {st.st_uid}, who could replace the "
+                                          "file; HINT: use a directory of root's")
+                if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+                    raise UnsafeFileError(f"directory {d} is writable by group or others (mode "
+                                          f"{stat.S_IMODE(st.st_mode):04o}) and not sticky; HINT: chmod go-w")
+            parent = os.path.dirname(d)
+            if parent == d:
+                break
+            d = parent
+
+
+def _check_file(st: os.stat_result, path: str, euid: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFileError(f"{path} is not a regular file")
+    if st.st_uid != euid:
+        raise UnsafeFileError(f"{path} is owned by uid {st.st_uid}, not the agent's ({euid}); not writing to it")
+    if st.st_mode & _FILE_EXTRA:
+        raise UnsafeFileError(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}, more than 0640; HINT: chmod 0640")
+    if st.st_nlink != 1:
+        raise UnsafeFileError(f"{path} has {st.st_nlink} hard links; not writing through them")
+
+
+def _open_append(path: str) -> tuple[int, os.stat_result]:
+    """An fd to append to path, created 0640 if missing, or UnsafeFileError (OSError for the rest).
+
+    O_NOFOLLOW: a symlink at the path (planted in a directory others can write, such as /tmp) is
+    refused, not written through to its target. O_NONBLOCK: a FIFO there cannot block the export
+    thread in open(). The checks are of the file opened (fstat), not of the path a moment later."""
+    euid = os.geteuid()
+    _check_dirs(path, euid)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                     | os.O_NOCTTY | os.O_NONBLOCK, _FILE_MODE)
+    except OSError as e:
+        # ELOOP, or EACCES from kernels that check a sticky directory's links before O_NOFOLLOW
+        if e.errno in (errno.ELOOP, errno.EACCES) and os.path.islink(path):
+            raise UnsafeFileError(f"{path} is a symbolic link; not following it") from None
+        if e.errno == errno.ENXIO:  # a FIFO with no reader
+            raise UnsafeFileError(f"{path} is not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        _check_file(st, path, euid)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def check_jsonl_path(path: str | os.PathLike) -> None:
+    """At start: UnsafeFileError (one line) unless path is safe to append to; creates it (0640)."""
+    path = os.fspath(path)
+    _makedirs(os.path.dirname(path), 0o750)
+    fd, _ = _open_append(path)
+    os.close(fd)
+
+
 class JsonlWriter:
     """Appends lines to `path`; thread-safe, each line handed to the kernel at once.
 
     The file is opened O_APPEND, so several writers and logrotate's copytruncate stay consistent. If
     the path no longer names our inode (rotated by rename, or deleted), the next write reopens it.
     Write errors are raised (OSError) for the exporter to turn into a FAILURE; they are counted here.
+    A path that is not safe to append to (_open_append: a symlink, someone else's file, a directory
+    others can write) is refused at each open, counted in `refused` as well, and tried again on the
+    next write.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
         self.lines_written = 0
         self.write_errors = 0
+        self.refused = 0  # opens refused as unsafe (UnsafeFileError), also in write_errors
         self.last_error: OSError | None = None
         self._fd: int | None = None
         self._ino: tuple[int, int] | None = None
@@ -308,8 +396,11 @@ class JsonlWriter:
 
     def _open(self) -> None:
         _makedirs(os.path.dirname(self.path), 0o750)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        st = os.fstat(fd)
+        try:
+            fd, st = _open_append(self.path)
+        except UnsafeFileError:
+            self.refused += 1
+            raise
         if (st.st_dev, st.st_ino) != self._ino:
             self._torn = False
         self._fd, self._ino = fd, (st.st_dev, st.st_ino)
