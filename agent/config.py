@@ -27,6 +27,8 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional
 from urllib.parse import urlsplit
 
+from .redact import redact_url
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -118,6 +120,29 @@ def _group(v: str) -> str:
     return v
 
 
+def _users(v: tuple[str, ...]) -> tuple[str, ...]:
+    """User names that exist here, or numeric uids; resolved to uids when the agent starts."""
+    import pwd
+
+    for i, name in enumerate(v):
+        if name.isascii() and name.isdigit():
+            if int(name) >= 0xFFFFFFFF:
+                raise ValueError(f"element [{i}] = {_show(name)}: not a valid uid")
+            continue
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            raise ValueError(f"element [{i}] = {_show(name)}: no such user (a name in /etc/passwd or a numeric uid)") from None
+    return v
+
+
+def _cgroup_paths(v: tuple[str, ...]) -> tuple[str, ...]:
+    for i, path in enumerate(v):
+        if not path.startswith("/") or "/../" in path + "/" or any(c.isspace() for c in path):
+            raise ValueError(f"element [{i}] = {_show(path)}: not a cgroup v2 path such as /system.slice/vllm.service")
+    return v
+
+
 _PROBE_NAME = re.compile(r"[a-z0-9_.:-]+\Z")
 
 
@@ -154,6 +179,27 @@ SETTINGS: tuple[Setting, ...] = (
     S("requests.max_begins_per_s_per_pid", "int", 20000,
       "Most request begins accepted per second per process; the excess is dropped and counted",
       min=1, max=10_000_000),
+    S("requests.mark_users", "list[str]", (),
+      "Users (names or uids) whose processes may mark requests; with mark_cgroups, unset: anyone may, within"
+      " the per-uid and per-cgroup budgets. Others' markers are counted and dropped in the kernel",
+      min=1, max=64, check=_users),
+    S("requests.mark_cgroups", "list[str]", (),
+      "cgroup v2 paths (e.g. /system.slice/vllm.service, /kubepods.slice) whose processes, and those of"
+      " cgroups below, may mark requests; see requests.mark_users", min=1, max=4096, check=_cgroup_paths),
+    S("requests.max_begins_per_s_per_uid", "int", 20000,
+      "Most request begins per second from all processes of one uid (allowed markers exempt)",
+      min=1, max=10_000_000),
+    S("requests.max_begins_per_s_per_cgroup", "int", 20000,
+      "Most request begins per second from all processes of one cgroup (allowed markers exempt)",
+      min=1, max=10_000_000),
+    S("requests.max_open_per_uid", "int", 2048,
+      "Most open requests of one uid's threads together (allowed markers exempt)", min=1, max=1 << 20),
+    S("requests.max_open_per_cgroup", "int", 2048,
+      "Most open requests of one cgroup's threads together (allowed markers exempt)", min=1, max=1 << 20),
+    S("requests.max_procs_per_uid", "int", 256,
+      "Most processes of one uid that mark requests at once (allowed markers exempt)", min=1, max=1 << 20),
+    S("requests.max_procs_per_cgroup", "int", 256,
+      "Most processes of one cgroup that mark requests at once (allowed markers exempt)", min=1, max=1 << 20),
     S("probes.strict", "bool", False, "Exit if any probe fails to attach, instead of running without it"),
     S("probes.disable", "list[str]", (), "Names of probes not to attach (each of a-z 0-9 _ . : -)", check=_probe_names),
     S("process.watch", "choice", "gpu",
@@ -163,6 +209,11 @@ SETTINGS: tuple[Setting, ...] = (
     S("process.pids", "list[int]", (), "Process ids to watch", min=1),
     S("process.comms", "list[str]", (),
       "Process names (comm, 1..15 bytes: the kernel keeps 16 with the NUL) to watch", min=1, max=15),
+    # argv is where credentials get passed (docs/SECURITY.md, "Threat model: exposure")
+    S("process.command_line", "choice", "redacted",
+      "process.command_line of watched processes: argv with credential-shaped values (--api-key=..., --token X,"
+      " PASSWORD=..., URL userinfo) as ***, the full argv, or none",
+      choices=("redacted", "full", "off")),
     S("kernel.headers", "str", None,
       "Kernel headers directory for BCC when not the running kernel's (must exist); unset uses the default",
       env_aliases=("BCC_KERNEL_SOURCE",), optional=True, check=_directory),
@@ -184,6 +235,8 @@ SETTINGS: tuple[Setting, ...] = (
       min=0.0001, max=1.0),
     S("cuda.device_globs", "list[str]", ("/dev/nvidia*",),
       "Device files whose ioctls are counted as NVIDIA driver ioctls (glob patterns)", min=1),
+    S("cuda.max_libraries", "int", 16,
+      "Most libcuda files (device, inode) followed at once; more are refused and counted", min=1, max=4096),
     S("cuda.duty_slice_s", "float", 0.2, "Length of one attach slice when launch probes are duty-cycled",
       min=0.01, max=10),
     S("gpu.enabled", "bool", True, "Sample NVML (utilisation, clocks, throttling, PCIe, Xid) and poll PCIe links in sysfs"),
@@ -231,11 +284,20 @@ class Config:
     requests_max_open_per_pid: int
     requests_idle_expiry_s: float
     requests_max_begins_per_s_per_pid: int
+    requests_mark_users: tuple[str, ...]
+    requests_mark_cgroups: tuple[str, ...]
+    requests_max_begins_per_s_per_uid: int
+    requests_max_begins_per_s_per_cgroup: int
+    requests_max_open_per_uid: int
+    requests_max_open_per_cgroup: int
+    requests_max_procs_per_uid: int
+    requests_max_procs_per_cgroup: int
     probes_strict: bool
     probes_disable: tuple[str, ...]
     process_watch: str
     process_pids: tuple[int, ...]
     process_comms: tuple[str, ...]
+    process_command_line: str
     kernel_headers: str | None
     kernel_link_modules_build: bool
     reclaim_stall_threshold_ms: float
@@ -246,6 +308,7 @@ class Config:
     reclaim_storm_close_windows: int
     cuda_overhead_budget: float
     cuda_device_globs: tuple[str, ...]
+    cuda_max_libraries: int
     cuda_duty_slice_s: float
     gpu_enabled: bool
     gpu_sample_period_s: float
@@ -270,6 +333,7 @@ if [f.name for f in fields(Config)] != [s.attr for s in SETTINGS] + ["sources"]:
 def _show(v: Any, limit: int = 80) -> str:
     """A value as one short line, TOML/JSON style."""
     text = json.dumps(list(v) if isinstance(v, tuple) else v, default=str, ensure_ascii=False)
+    text = redact_url(text)  # a URL's password is not shown, not even in an error about that URL
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -484,7 +548,7 @@ def describe(cfg: Config) -> list[str]:
     out = []
     for s in SETTINGS:
         v = getattr(cfg, s.attr)
-        out.append(f"{s.key} = {'unset' if v is None else _toml(v)} ({cfg.sources.get(s.key, 'default')})")
+        out.append(f"{s.key} = {'unset' if v is None else redact_url(_toml(v))} ({cfg.sources.get(s.key, 'default')})")
     return out
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import resource
 import sys
 import threading
 import time
 from dataclasses import dataclass
 
-from . import cuda, discovery, kernel, loader, memstat, probes
+from . import cuda, discovery, kernel, loader, memstat, owners, probes
 from .config import Config
 from .decode import Counters, DecodeError, Kswapd, ProcExit, ReclaimStall, ReqBegin, ReqEnd, TpRaw, counters_from, decode
 from .gpuhealth import GpuHealth
@@ -31,7 +32,14 @@ from mcp_hostagent.exporters import Exporters, build_exporters
 
 log = logging.getLogger("mcp_hostagent")
 
-WATCH_SCAN_S = 5.0
+WATCH_SCAN_S = 5.0  # between rounds of the watch scan
+# One pass of the watch scan reads /proc for at most this long, then sleeps WATCH_GAP_S: a host whose
+# users made /proc/PID/maps huge slows the scan's rounds, not the agent (docs/SECURITY.md, starving).
+WATCH_PASS_S = 0.05
+WATCH_GAP_S = 0.45  # (<= 10% of a core while a round lasts)
+# records read from req_events between updates of req_flow[CONSUMED] inside one poll (a map write)
+REQ_READ_TELL_EVERY = 64
+TICK_STEP_LOG_S = 60.0  # a failing tick step is logged at most this often (and counted always)
 EXPIRY_SCAN_S = 5.0
 EXITED_KEEP_S = 30.0
 IDENTITY_TTL_S = 1.0
@@ -68,6 +76,7 @@ def bpf_settings(cfg: Config) -> dict[str, int]:
         "MCP_MAX_BEGINS_PER_S": cfg.requests_max_begins_per_s_per_pid,
         "MCP_WATCH_ALL": cfg.process_watch == "all",
         "MCP_STALL_THRESHOLD_NS": int(cfg.reclaim_stall_threshold_ms * 1e6),
+        **owners.bpf_settings(cfg),
     }
 
 
@@ -99,6 +108,17 @@ def prepare_kernel(cfg: Config) -> tuple[kernel.HeaderChoice, list[str]]:
     return hc, mounted
 
 
+def raise_nofile() -> None:
+    """Soft RLIMIT_NOFILE up to the hard one: probes, maps and followed libraries hold fds, and EMFILE
+    in the middle of an attach is a failure no user should be able to cause by mapping files."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError):  # a container's hard limit may not be ours to reach
+            pass
+
+
 class Agent:
     def __init__(self, cfg: Config, exporters: Exporters | None = None, progress=None, proc_root: str = "/proc",
                  nvml_module=None, sysfs_root: str = "/sys"):
@@ -108,7 +128,7 @@ class Agent:
         self.joiner = RequestJoiner()
         # one Counter for every user-space rejection reason: the joiner's and decode's
         self.health = AgentHealth(rejected=self.joiner.rejected)
-        self.registry = ProcessRegistry(proc_root=proc_root)
+        self.registry = ProcessRegistry(proc_root=proc_root, command_line=cfg.process_command_line)
         self.timebase = Timebase()
         self._exporters = exporters
         self.loaded: list[loader.Loaded] = []
@@ -128,27 +148,39 @@ class Agent:
         self.gpu = GpuHealth(enabled=cfg.gpu_enabled, nic=cfg.nic_enabled, sample_period_s=cfg.gpu_sample_period_s,
                              slow_period_s=cfg.gpu_slow_period_s, busy_util_pct=cfg.pcie_busy_util_pct,
                              nvml_module=nvml_module, sysfs_root=sysfs_root)
-        self._next_watch = self._next_expiry = 0.0
+        self._next_expiry = 0.0
         self._last_error_log = 0.0
         self._lost_log = (float("-inf"), 0)  # (when, kernel losses then) of the last loss line
         self._stopped = False
         self._watch_written: set[int] = set()  # pids _refresh_watch put in watch_tgid
+        self._watch_stop = threading.Event()
+        self._watch_thread: threading.Thread | None = None
+        self._step_logged: dict[str, float] = {}  # tick step -> when its failure was last logged
+        self._req_read = self._req_read_told = 0  # records read from req_events; the last count written
 
     # ---- start / stop ----
     def start(self) -> StartReport:
         cfg = self.cfg
+        raise_nofile()
         hc, mounted = prepare_kernel(cfg)
         self.plan = probes.plan(cfg.probes_disable)
+        try:
+            allow = owners.allowed_owners(cfg)
+        except owners.OwnerError as e:
+            raise StartError(str(e)) from None
         exporters = self._exporters or build_exporters(
             cfg.export_jsonl_path or None, cfg.export_otlp_endpoint, cfg.export_otlp_protocol,
             console_stream=sys.stdout if cfg.export_console else None)
         self.loaded = loader.load(self.plan, bpf_settings(cfg), self.progress)
+        if self.loaded:  # before any probe sees a marker (the maps exist from the load on)
+            owners.write_allow(self.loaded[0].bpf, allow)
         if self.loaded and any(s.spec.program == "cuda.bpf.c" and s.state == probes.ATTACHED
                                for s in self.plan.statuses.values()):
             # uprobes per libcuda inode, the NVIDIA ioctl programs and the launch-probe governor
             self.cuda = cuda.CudaProbes(self.loaded[0].bpf, self.plan, budget=cfg.cuda_overhead_budget,
                                         auto_watch=cfg.process_watch == "gpu", device_globs=cfg.cuda_device_globs,
-                                        slice_s=cfg.cuda_duty_slice_s, proc_root=self.proc_root)
+                                        slice_s=cfg.cuda_duty_slice_s, proc_root=self.proc_root,
+                                        max_libraries=cfg.cuda_max_libraries)
             self.cuda.start()
         self.health.compile_s = sum(x.compile_s for x in self.loaded)
         self.health.probes = {n: s.state for n, s in self.plan.statuses.items()}
@@ -169,6 +201,13 @@ class Agent:
             self.health.source_reasons[src.name] = src.reason
         self.telemetry.watch_gpus(self.gpu)
         self.bpf[b"events"].open_ring_buffer(self._on_event)
+        self.bpf[b"req_events"].open_ring_buffer(self._on_req_event)
+        if cfg.process_watch != "all":
+            # the first round whole, so the processes already running are watched when start returns;
+            # the later ones on a thread of their own, in budgeted passes, off the ring-buffer thread
+            self._refresh_watch(discovery.WatchScan(self.proc_root, budget_s=float("inf")))
+            self._watch_thread = threading.Thread(target=self._watch_loop, name="mcp-watch", daemon=True)
+            self._watch_thread.start()
         self.tick()
         self._reclaim_window()  # baseline of the reclaim totals: the first window counts from here
         return StartReport(hc.description, mounted, self.health.compile_s, self.plan, exporters.describe(),
@@ -204,6 +243,9 @@ class Agent:
         if self._stopped:
             return True
         self._stopped = True
+        self._watch_stop.set()
+        if self._watch_thread is not None:
+            self._watch_thread.join(2.0)  # a pass ends within WATCH_PASS_S plus one bounded read
         if self.bpf is not None:
             self.bpf.ring_buffer_consume()
             self._read_maps()
@@ -230,21 +272,48 @@ class Agent:
 
     def poll(self, timeout_ms: int = 100) -> None:
         self.bpf.ring_buffer_poll(timeout_ms)
+        self._tell_consumed()
+
+    def _tell_consumed(self) -> None:
+        if self._req_read != self._req_read_told:
+            # the kernel compares it with what it reserved: the reader's lag (enum mcp_req_flow)
+            self.bpf[b"req_flow"][ctypes.c_int(C["MCP_FLOW_CONSUMED"])] = ctypes.c_uint64(self._req_read)
+            self._req_read_told = self._req_read
+
+    def _on_req_event(self, ctx, data, size) -> int:
+        self._req_read += 1
+        if self._req_read - self._req_read_told >= REQ_READ_TELL_EVERY:
+            self._tell_consumed()  # within a long poll too: a stale count reads as lag, and refuses begins
+        return self._on_event(ctx, data, size)
 
     def tick(self) -> None:
+        """The periodic work, step by step. A step that fails (a map write refused, EMFILE, a /proc
+        file that changed shape under it) is counted in mcp.agent.errors and logged at most once a
+        minute; the other steps and the ring buffer go on: nothing a local user can make the kernel
+        or /proc answer may end the agent."""
         now = time.monotonic()
-        if now >= self._next_watch:
-            self._refresh_watch()
-            self._next_watch = now + WATCH_SCAN_S
         if now >= self._next_expiry:
-            self._expire()
+            self._step("expire", self._expire)
             self._next_expiry = now + min(EXPIRY_SCAN_S, self.cfg.requests_idle_expiry_s / 2)
-        self._read_maps()
+        self._step("read_maps", self._read_maps)
         if self.telemetry is not None:
-            self._link_episodes(self.gpu.tick())
+            self._step("gpu", lambda: self._link_episodes(self.gpu.tick()))
         if time.monotonic_ns() - self._win_start >= self.cfg.reclaim_window_s * 1e9:
-            self._reclaim_window()
-        self.snapshots.on_tick(self)
+            self._step("reclaim_window", self._reclaim_window)
+        self._step("snapshot", lambda: self.snapshots.on_tick(self))
+
+    def _step(self, where: str, fn) -> None:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 -- counted and logged; the agent must outlive it
+            self._survived(where, e)
+
+    def _survived(self, where: str, e: BaseException) -> None:
+        self.health.errors[where] += 1
+        now = time.monotonic()
+        if now - self._step_logged.get(where, float("-inf")) >= TICK_STEP_LOG_S:
+            self._step_logged[where] = now
+            log.warning("%s failed (%s: %s); counted in mcp.agent.errors, going on", where, type(e).__name__, e)
 
     # ---- reclaim windows ----
     def _reclaim_window(self) -> None:
@@ -476,6 +545,9 @@ class Agent:
         if self.telemetry:
             self.telemetry.set_process_counters(rows, self._proc_faults(rows))
             if self.cuda is not None:
+                # distinct libcuda files not followed (agent/libtrust.py, cuda.max_libraries)
+                self.health.rejected["libcuda_refused"] = self.cuda.refused_total
+                self.health.errors["cuda"] = self.cuda.error_count
                 self.telemetry.set_cuda(self.cuda.governor_status(), self.cuda.ioctl_rows(), self.cuda.hist_rows())
 
     def _proc_faults(self, rows: dict) -> dict[int, tuple[int, int]]:
@@ -491,14 +563,31 @@ class Agent:
                 continue
         return out
 
-    def _refresh_watch(self) -> None:
+    def _watch_loop(self) -> None:
+        scan = discovery.WatchScan(self.proc_root, budget_s=WATCH_PASS_S, stop=self._watch_stop)
+        while not self._watch_stop.is_set():
+            try:
+                done = self._refresh_watch(scan)
+            except Exception as e:  # noqa: BLE001 -- the next round tries again
+                self._survived("watch_scan", e)
+                done = True
+            self._watch_stop.wait(WATCH_SCAN_S if done else WATCH_GAP_S)
+
+    def _refresh_watch(self, scan: discovery.WatchScan) -> bool:
+        """One pass of `scan`; when it completes a round, watch_tgid gets that round's set. True then."""
         cfg = self.cfg
-        if cfg.process_watch == "all" or self.bpf is None:
-            return
-        want = discovery.watch_set(self.proc_root, cfg.process_pids, cfg.process_comms, gpu=cfg.process_watch == "gpu")
+        before = scan.result
+        want = discovery.watch_set(self.proc_root, cfg.process_pids, cfg.process_comms,
+                                   gpu=cfg.process_watch == "gpu", scan=scan)
+        if want is before or self.bpf is None:
+            return False
         table = self.bpf[b"watch_tgid"]
-        for pid in want:
-            table[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        for pid in set(want):
+            try:
+                table[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+            except Exception as e:  # noqa: BLE001 -- watch_tgid full (E2BIG): counted, the rest still go in
+                self._survived("watch_map_full", e)
+                want = want - {pid}
         # A process that exited between the /proc walk and this write got an entry after its exit
         # had cleared it in the kernel: nothing else would remove it. Each refresh removes ours of
         # processes now gone (zombies included) and keeps following the rest.
@@ -509,6 +598,7 @@ class Agent:
             else:
                 follow.add(pid)
         self._watch_written = follow
+        return True
 
     def _pid_gone(self, pid: int) -> bool:
         try:
@@ -538,6 +628,7 @@ class Agent:
             if ts is not None and ts.open > 0:
                 ts.open -= 1
                 tgids[ctypes.c_uint32(st.tgid)] = ts
+                owners.release_open(b, ts)
             self._emit(self.joiner.on_expired(st.tgid, k.value, st.request_id, st.begin_ns, now_ns,
                                               counters_from(st.c)))
         self.joiner.drop_orphans(now_ns - idle_ns, live)

@@ -72,7 +72,16 @@ class ReqState(ctypes.Structure):
 
 
 class TgidState(ctypes.Structure):
-    _fields_ = [("open", u32), ("window_begins", u32), ("window_start_ns", u64)]
+    _fields_ = [("open", u32), ("window_begins", u32), ("window_start_ns", u64), ("uid", u32), ("exempt", u32),
+                ("cgroup_id", u64)]
+
+
+class OwnerKey(ctypes.Structure):
+    _fields_ = [("kind", u32), ("pad", u32), ("id", u64)]
+
+
+class Budget(ctypes.Structure):
+    _fields_ = [("window_start_ns", u64), ("window_begins", u32), ("open", u32), ("procs", u32), ("pad", u32)]
 
 
 class Offcpu(ctypes.Structure):
@@ -130,6 +139,8 @@ STRUCTS = {
     "mcp_counters": Counters,
     "mcp_req_state": ReqState,
     "mcp_tgid_state": TgidState,
+    "mcp_owner_key": OwnerKey,
+    "mcp_budget": Budget,
     "mcp_offcpu": Offcpu,
     "mcp_hdr": Hdr,
     "mcp_ev_req_begin": EvReqBegin,
@@ -164,7 +175,7 @@ KERNEL_STATS = {
     if name.startswith("MCP_STAT_") and name != "MCP_STAT_MAX"
 }
 # Stats that count activity, not a record lost or refused: kept out of mcp.agent.records.rejected.
-ACTIVITY_STATS = frozenset({"rb_lost", "cu_launch_hits", "cu_auto_watch"})
+ACTIVITY_STATS = frozenset({"rb_lost", "rb_req_lost", "cu_launch_hits", "cu_auto_watch"})
 
 
 # ---- CUDA driver calls and NVIDIA ioctls (bpf/cuda.bpf.c, agent/cuda.py) ----

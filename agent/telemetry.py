@@ -100,9 +100,10 @@ class AgentHealth:
     user_lost: int = 0  # records we failed to handle
     requests: Counter = field(default_factory=Counter)  # end_reason -> count
     source_reasons: dict[str, str] = field(default_factory=dict)  # non-BPF source -> why missing
+    errors: Counter = field(default_factory=Counter)  # failures survived, by where (tick step, map write)
 
     def kernel_lost(self) -> int:
-        return self.kernel_stats.get("rb_lost", 0)
+        return self.kernel_stats.get("rb_lost", 0) + self.kernel_stats.get("rb_req_lost", 0)
 
 
 # struct mcp_counters field -> request span attribute (docs/TELEMETRY.md). A field of a probe family
@@ -287,7 +288,7 @@ class Telemetry:
             return [cb]
 
         m.create_observable_gauge("mcp.cuda.governor", rows(0, lambda g: [
-            (g[k], {"mcp.governor.field": k}) for k in ("budget", "cost_ns", "duty", "launch_rate_hz",
+            (g[k], {"mcp.governor.field": k}) for k in ("budget", "cost_ns", "duty", "unsteered", "launch_rate_hz",
                                                         "attached_overhead", "overhead") if g.get(k) is not None]),
             description="launch-probe governor: budget, measured per-hit cost, duty cycle, estimated overhead")
         m.create_observable_counter("mcp.nvidia.ioctls", rows(1, lambda rs: [
@@ -482,6 +483,9 @@ class Telemetry:
         m.create_observable_counter("mcp.agent.records.rejected", obs(lambda: [
             (v, {"mcp.reason": k}) for k, v in self.rejected().items()]),
             description="markers and records rejected, by reason")
+        m.create_observable_counter("mcp.agent.errors", obs(lambda: [
+            (v, {"mcp.where": k}) for k, v in sorted(h.errors.items())]),
+            description="failures the agent caught and survived, by where (a tick step, a map write)")
         m.create_observable_counter("mcp.agent.spans.exported", obs(lambda: [
             (self.stats.snapshot().get("spans_exported", 0), {})]), description="spans the exporters accepted")
         m.create_observable_counter("mcp.agent.spans.dropped", obs(lambda: [

@@ -98,7 +98,9 @@ class ToggledAgent:
         from mcp_hostagent.pipeline import Agent
 
         self._dir = tempfile.mkdtemp(prefix="mcp-bench-")
-        ov = {"export.jsonl_path": os.path.join(self._dir, "telemetry.jsonl"), "status.enabled": False}
+        ov = {"export.jsonl_path": os.path.join(self._dir, "telemetry.jsonl"), "status.enabled": False,
+              # the benchmarks' markers are one uid and cgroup: measure the accepted path, not the refusal
+              "requests.max_begins_per_s_per_uid": 10_000_000, "requests.max_begins_per_s_per_cgroup": 10_000_000}
         if watch is not None:  # None: the default (process.watch = gpu)
             ov["process.watch"] = watch
         ov.update(overrides or {})

@@ -3,7 +3,8 @@
  * MCP_PROBE_<NAME>), so that every family can add to the same per-request and per-process counters.
  *
  * Settings arrive as -D cflags from agent/loader.py: MCP_MAX_OPEN_PER_PID, MCP_MAX_BEGINS_PER_S,
- * MCP_WATCH_ALL, MCP_RINGBUF_PAGES, MCP_MAX_THREADS, MCP_MAX_PROCS, MCP_STALL_THRESHOLD_NS, and
+ * the owner budgets MCP_{MAX_BEGINS_PER_S,MAX_OPEN,MAX_PROCS}_{UID,CGROUP} and MCP_MARK_RESTRICT,
+ * MCP_WATCH_ALL, MCP_REQ_RINGBUF_PAGES, MCP_RINGBUF_PAGES, MCP_MAX_THREADS, MCP_MAX_PROCS, MCP_STALL_THRESHOLD_NS, and
  * MCP_PROBE_<NAME>=1 for each probe whose hook this kernel has (bcc needs a tracepoint's format to
  * compile its probe).
  */
@@ -15,6 +16,45 @@
 #ifndef MCP_MAX_BEGINS_PER_S
 #define MCP_MAX_BEGINS_PER_S 20000
 #endif
+/* Owner budgets: what all processes of one uid, and of one cgroup, may hold together. Defaults
+ * leave most of req_by_tid (MCP_MAX_THREADS) and tgid_state (MCP_MAX_PROCS) to other owners. */
+#ifndef MCP_MAX_BEGINS_PER_S_UID
+#define MCP_MAX_BEGINS_PER_S_UID 20000
+#endif
+#ifndef MCP_MAX_BEGINS_PER_S_CGROUP
+#define MCP_MAX_BEGINS_PER_S_CGROUP 20000
+#endif
+#ifndef MCP_MAX_OPEN_UID
+#define MCP_MAX_OPEN_UID 2048
+#endif
+#ifndef MCP_MAX_OPEN_CGROUP
+#define MCP_MAX_OPEN_CGROUP 2048
+#endif
+#ifndef MCP_MAX_PROCS_UID
+#define MCP_MAX_PROCS_UID 256
+#endif
+#ifndef MCP_MAX_PROCS_CGROUP
+#define MCP_MAX_PROCS_CGROUP 256
+#endif
+/* 1: only uids and cgroups in mark_allow may mark (requests.mark_users / mark_cgroups); they are
+ * exempt from the owner budgets. 0: anyone may mark, within the budgets. */
+#ifndef MCP_MARK_RESTRICT
+#define MCP_MARK_RESTRICT 0
+#endif
+#ifndef MCP_REQ_RINGBUF_PAGES
+#define MCP_REQ_RINGBUF_PAGES 256
+#endif
+/* The reader's lag (records in req_events not yet read) past which only owners within their share
+ * (MCP_PRESSURE_BEGINS_PER_S in the current window) may begin: a starved agent, or one behind a
+ * flood, keeps room for light users instead of losing everyone's END records. Half the ring, counted
+ * in the largest request record (struct mcp_ev_req_end, ~270 bytes with its 8-byte ring header). */
+#define MCP_PRESSURE_LAG (MCP_REQ_RINGBUF_PAGES * 4096 / 2 / 288)
+#ifndef MCP_PRESSURE_BEGINS_PER_S
+#define MCP_PRESSURE_BEGINS_PER_S 100
+#endif
+/* cgroup v2 levels checked against mark_allow, from the root (level 0) down */
+#define MCP_CGROUP_LEVELS 16
+#define MCP_MAX_OWNERS 8192
 #ifndef MCP_WATCH_ALL
 #define MCP_WATCH_ALL 0
 #endif
@@ -34,18 +74,43 @@
 #define MCP_TASK_REPORT_MAX 0x100
 
 BPF_RINGBUF_OUTPUT(events, MCP_RINGBUF_PAGES);
+/* Request BEGIN/END and their reclaim stalls only: bulk records (process exits, GPU steps, kswapd,
+ * health tracepoints, stalls outside requests), which any local user can cause at will, cannot
+ * crowd them out of a shared buffer. */
+BPF_RINGBUF_OUTPUT(req_events, MCP_REQ_RINGBUF_PAGES);
+BPF_ARRAY(req_flow, u64, MCP_FLOW_MAX);
 BPF_HASH(req_by_tid, u32, struct mcp_req_state, MCP_MAX_THREADS);
 BPF_HASH(tgid_state, u32, struct mcp_tgid_state, MCP_MAX_PROCS);
 BPF_HASH(proc_stats, u32, struct mcp_counters, MCP_MAX_PROCS);
 BPF_HASH(watch_tgid, u32, u8, MCP_MAX_PROCS);
 BPF_TABLE("lru_hash", u32, struct mcp_offcpu, offcpu_start, MCP_MAX_THREADS);
 BPF_PERCPU_ARRAY(stats, u64, MCP_STAT_MAX);
+/* LRU: owners come and go (every container is a new cgroup id); evicting one needs MCP_MAX_OWNERS
+ * newer owners, which an unprivileged user, one uid without cgroup delegation, cannot make. */
+BPF_TABLE("lru_hash", struct mcp_owner_key, struct mcp_budget, budgets, MCP_MAX_OWNERS);
+BPF_HASH(mark_allow, struct mcp_owner_key, u8, 1024);  /* written by the agent at start */
 
 static __always_inline void stat_inc(u32 idx)
 {
 	u64 *v = stats.lookup(&idx);
 	if (v)
 		(*v)++;
+}
+
+/* after each successful reserve in req_events (see enum mcp_req_flow) */
+static __always_inline void req_produced(void)
+{
+	u32 k = MCP_FLOW_PRODUCED;
+	u64 *v = req_flow.lookup(&k);
+	if (v)
+		__sync_fetch_and_add(v, 1);
+}
+
+static __always_inline int reader_behind(void)
+{
+	u32 kp = MCP_FLOW_PRODUCED, kc = MCP_FLOW_CONSUMED;
+	u64 *p = req_flow.lookup(&kp), *c = req_flow.lookup(&kc);
+	return p && c && *p > *c + MCP_PRESSURE_LAG;
 }
 
 static __always_inline void fill_hdr(struct mcp_hdr *h, u16 type, u16 size, u64 pid_tgid, u64 now)

@@ -72,11 +72,44 @@ struct mcp_req_state {
 	struct mcp_counters c;
 };
 
-/* per-process state for bounding markers (map tgid_state) */
+/* per-process state for bounding markers (map tgid_state); created by the process's first begin */
 struct mcp_tgid_state {
 	__u32 open;            /* threads of this process with an open request */
 	__u32 window_begins;   /* begins seen in the current one-second window */
 	__u64 window_start_ns;
+	__u32 uid;             /* owner budgets charged for it (map budgets): the marking thread's uid */
+	__u32 exempt;          /* 1: an allowed marker (requests.mark_users/mark_cgroups), no owner budgets */
+	__u64 cgroup_id;       /* and its cgroup v2 id */
+};
+
+/* Owner budgets (map budgets, and the allow list mark_allow): a uid or a cgroup v2 id. Per-process
+ * bounds alone let one user with many processes or threads fill the shared maps and ring buffer. */
+enum mcp_owner_kind {
+	MCP_OWNER_UID = 1,
+	MCP_OWNER_CGROUP = 2,
+};
+
+struct mcp_owner_key {
+	__u32 kind;            /* enum mcp_owner_kind */
+	__u32 pad;
+	__u64 id;              /* uid, or cgroup v2 id (the cgroup directory's inode) */
+};
+
+/* array req_flow: records reserved in req_events (the kernel), records the agent has read (the agent,
+ * after each poll). Their difference is the reader's lag, which a bcc 0.26 program cannot ask the
+ * ring for (no bpf_ringbuf_query() map reference). */
+enum mcp_req_flow {
+	MCP_FLOW_PRODUCED = 0,
+	MCP_FLOW_CONSUMED = 1,
+	MCP_FLOW_MAX = 2,
+};
+
+struct mcp_budget {
+	__u64 window_start_ns;
+	__u32 window_begins;   /* begins in the current one-second window */
+	__u32 open;            /* open requests of this owner's threads */
+	__u32 procs;           /* processes of this owner with a tgid_state entry */
+	__u32 pad;
 };
 
 /* off-CPU interval start of a traced thread (map offcpu_start) */
@@ -203,6 +236,16 @@ enum mcp_stat {
 	MCP_STAT_CU_MAP_FULL,      /* CUDA per-thread state not stored */
 	MCP_STAT_TP_READ_SHORT,    /* health tracepoint: the MCP_TP_RAW_LEN read failed, MCP_TP_RAW_MIN kept */
 	MCP_STAT_TP_READ_FAIL,     /* health tracepoint: no byte of the record readable, nothing sent */
+	MCP_STAT_MARK_DENIED,      /* marker from a uid/cgroup not in requests.mark_users/mark_cgroups */
+	MCP_STAT_BEGIN_UID_RATE,   /* begin refused: its uid over requests.max_begins_per_s_per_uid */
+	MCP_STAT_BEGIN_CGROUP_RATE,/* begin refused: its cgroup over requests.max_begins_per_s_per_cgroup */
+	MCP_STAT_BEGIN_UID_OPEN,   /* begin refused: its uid at requests.max_open_per_uid */
+	MCP_STAT_BEGIN_CGROUP_OPEN,/* begin refused: its cgroup at requests.max_open_per_cgroup */
+	MCP_STAT_BEGIN_UID_PROCS,  /* begin refused: its uid at requests.max_procs_per_uid marking processes */
+	MCP_STAT_BEGIN_CGROUP_PROCS,/* begin refused: its cgroup at requests.max_procs_per_cgroup */
+	MCP_STAT_BUDGET_MAP_FULL,  /* begin refused: no budget entry could be made */
+	MCP_STAT_RB_REQ_LOST,      /* request ring buffer full: BEGIN/END/stall record not sent */
+	MCP_STAT_BEGIN_PRESSURE,   /* begin refused: the reader is behind and its owner is past its share */
 	MCP_STAT_MAX,
 };
 

@@ -92,11 +92,15 @@ static __always_inline int reclaim_end(u32 kind, u64 nr_reclaimed)
 
 	if (d < MCP_STALL_THRESHOLD_NS)
 		return 0;
-	struct mcp_ev_reclaim_stall *e = events.ringbuf_reserve(sizeof(*e));
+	/* a request's stalls travel with its BEGIN and END, so that they reach the joiner before its END */
+	struct mcp_ev_reclaim_stall *e = request_id ? req_events.ringbuf_reserve(sizeof(*e))
+						    : events.ringbuf_reserve(sizeof(*e));
 	if (!e) {
-		stat_inc(MCP_STAT_RB_LOST);
+		stat_inc(request_id ? MCP_STAT_RB_REQ_LOST : MCP_STAT_RB_LOST);
 		return 0;
 	}
+	if (request_id)
+		req_produced();
 	fill_hdr(&e->h, MCP_EV_RECLAIM_STALL, sizeof(*e), pid_tgid, now);
 	e->begin_ns = s.ts_ns;
 	e->nr_reclaimed = nr_reclaimed;
@@ -104,7 +108,7 @@ static __always_inline int reclaim_end(u32 kind, u64 nr_reclaimed)
 	e->kind = kind;
 	e->order = s.order;
 	e->request_id = request_id;
-	events.ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, 0);
 	return 0;
 }
 

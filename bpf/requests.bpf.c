@@ -10,59 +10,187 @@
 
 static __always_inline void emit_end(u64 pid_tgid, u64 now, struct mcp_req_state *st, u32 reason)
 {
-	struct mcp_ev_req_end *e = events.ringbuf_reserve(sizeof(*e));
+	struct mcp_ev_req_end *e = req_events.ringbuf_reserve(sizeof(*e));
 	if (!e) {
-		stat_inc(MCP_STAT_RB_LOST);
+		stat_inc(MCP_STAT_RB_REQ_LOST);
 		return;
 	}
+	req_produced();
 	fill_hdr(&e->h, MCP_EV_REQ_END, sizeof(*e), pid_tgid, now);
 	e->request_id = st->request_id;
 	e->begin_ns = st->begin_ns;
 	e->reason = reason;
 	e->pad = 0;
 	e->c = st->c;
-	events.ringbuf_submit(e, 0);
+	req_events.ringbuf_submit(e, 0);
+}
+
+static __always_inline struct mcp_budget *owner_budget(u32 kind, u64 id, int create)
+{
+	struct mcp_owner_key k = {.kind = kind, .id = id};
+	if (create) {
+		struct mcp_budget zero = {};
+		budgets.insert(&k, &zero);
+	}
+	return budgets.lookup(&k);
+}
+
+/* Subtract from the open or procs count of a process's two owners (after an LRU eviction the
+ * entry is new and at 0: never below). */
+static __always_inline void owners_release(struct mcp_tgid_state *ts, int open, int procs)
+{
+	if (ts->exempt)
+		return;
+	struct mcp_budget *b = owner_budget(MCP_OWNER_UID, ts->uid, 0);
+	if (b) {
+		if (open && b->open > 0)
+			__sync_fetch_and_add(&b->open, -1);
+		if (procs && b->procs > 0)
+			__sync_fetch_and_add(&b->procs, -1);
+	}
+	b = owner_budget(MCP_OWNER_CGROUP, ts->cgroup_id, 0);
+	if (b) {
+		if (open && b->open > 0)
+			__sync_fetch_and_add(&b->open, -1);
+		if (procs && b->procs > 0)
+			__sync_fetch_and_add(&b->procs, -1);
+	}
 }
 
 static __always_inline void close_request(u32 tid, u32 tgid)
 {
 	req_by_tid.delete(&tid);
 	struct mcp_tgid_state *ts = tgid_state.lookup(&tgid);
-	if (ts && ts->open > 0)
+	if (ts && ts->open > 0) {
 		__sync_fetch_and_add(&ts->open, -1);
+		owners_release(ts, 1, 0);
+	}
+}
+
+/* requests.mark_users / mark_cgroups: the uid, or the cgroup or any of its ancestors (a unit's
+ * cgroup covers the containers and scopes below it). */
+static __always_inline int mark_allowed(u32 uid)
+{
+	struct mcp_owner_key k = {.kind = MCP_OWNER_UID, .id = uid};
+	if (mark_allow.lookup(&k))
+		return 1;
+	k.kind = MCP_OWNER_CGROUP;
+#pragma unroll
+	for (int level = 0; level < MCP_CGROUP_LEVELS; level++) {
+		k.id = bpf_get_current_ancestor_cgroup_id(level);
+		if (k.id == 0)
+			break;  /* past the thread's own level */
+		if (mark_allow.lookup(&k))
+			return 1;
+	}
+	return 0;
+}
+
+/* One-second windows: races between threads only blur the count by a few. */
+static __always_inline int window_take(u64 *start, u32 *begins, u32 max, u64 now)
+{
+	if (now - *start > 1000000000ULL) {
+		*start = now;
+		*begins = 0;
+	}
+	if (*begins >= max)
+		return 0;
+	(*begins)++;
+	return 1;
+}
+
+/* The tgid_state of the marking process, made at its first begin within its owners' process caps. */
+static __always_inline struct mcp_tgid_state *tgid_enter(u32 tgid, u32 uid, u64 cg, int exempt,
+							 struct mcp_budget *bu, struct mcp_budget *bc)
+{
+	struct mcp_tgid_state *ts = tgid_state.lookup(&tgid);
+	if (ts)
+		return ts;
+	if (!exempt) {
+		if (bu->procs >= MCP_MAX_PROCS_UID) {
+			stat_inc(MCP_STAT_BEGIN_UID_PROCS);
+			return 0;
+		}
+		if (bc->procs >= MCP_MAX_PROCS_CGROUP) {
+			stat_inc(MCP_STAT_BEGIN_CGROUP_PROCS);
+			return 0;
+		}
+	}
+	struct mcp_tgid_state fresh = {.uid = uid, .exempt = exempt, .cgroup_id = cg};
+	/* BPF_NOEXIST: of two threads racing on the process's first begin, one charges its owners */
+	if (tgid_state.insert(&tgid, &fresh) == 0 && !exempt) {
+		__sync_fetch_and_add(&bu->procs, 1);
+		__sync_fetch_and_add(&bc->procs, 1);
+	}
+	ts = tgid_state.lookup(&tgid);
+	if (!ts)
+		stat_inc(MCP_STAT_BEGIN_MAP_FULL);
+	return ts;
 }
 
 static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
 {
 	u32 tid = (u32)pid_tgid, tgid = pid_tgid >> 32;
-	struct mcp_req_state *old = req_by_tid.lookup(&tid);
-	struct mcp_tgid_state zero_ts = {};
-	struct mcp_tgid_state *ts;
+	u32 uid = (u32)bpf_get_current_uid_gid();
+	u64 cg = bpf_get_current_cgroup_id();
+	struct mcp_budget *bu = 0, *bc = 0;
+	int exempt = 0;
 
-	tgid_state.insert(&tgid, &zero_ts);
-	ts = tgid_state.lookup(&tgid);
-	if (!ts) {
-		stat_inc(MCP_STAT_BEGIN_MAP_FULL);
+	if (MCP_MARK_RESTRICT) {
+		if (!mark_allowed(uid)) {
+			stat_inc(MCP_STAT_MARK_DENIED);
+			return 0;
+		}
+		exempt = 1;
+	} else {
+		bu = owner_budget(MCP_OWNER_UID, uid, 1);
+		bc = owner_budget(MCP_OWNER_CGROUP, cg, 1);
+		if (!bu || !bc) {
+			stat_inc(MCP_STAT_BUDGET_MAP_FULL);
+			return 0;
+		}
+	}
+	struct mcp_tgid_state *ts = tgid_enter(tgid, uid, cg, exempt, bu, bc);
+	if (!ts)
 		return 0;
-	}
-	/* One-second windows per process: a flood from one process cannot fill the ring buffer
-	 * for everyone. Races between its threads only blur the count by a few. */
-	if (now - ts->window_start_ns > 1000000000ULL) {
-		ts->window_start_ns = now;
-		ts->window_begins = 0;
-	}
-	if (ts->window_begins >= MCP_MAX_BEGINS_PER_S) {
+	/* One-second windows per process, then per owner: a flood from one process, or from one
+	 * user's many processes, cannot fill the ring buffer for everyone. */
+	if (!window_take(&ts->window_start_ns, &ts->window_begins, MCP_MAX_BEGINS_PER_S, now)) {
 		stat_inc(MCP_STAT_BEGIN_RATE);
 		return 0;
 	}
-	ts->window_begins++;
+	if (bu && !window_take(&bu->window_start_ns, &bu->window_begins, MCP_MAX_BEGINS_PER_S_UID, now)) {
+		stat_inc(MCP_STAT_BEGIN_UID_RATE);
+		return 0;
+	}
+	if (bc && !window_take(&bc->window_start_ns, &bc->window_begins, MCP_MAX_BEGINS_PER_S_CGROUP, now)) {
+		stat_inc(MCP_STAT_BEGIN_CGROUP_RATE);
+		return 0;
+	}
+	/* The reader is behind (starved of CPU, or behind a flood): the owners past their share this
+	 * second wait, so that the ring keeps room for the END records of requests already begun and
+	 * for light users. */
+	if (bu && (bu->window_begins > MCP_PRESSURE_BEGINS_PER_S || bc->window_begins > MCP_PRESSURE_BEGINS_PER_S)
+	    && reader_behind()) {
+		stat_inc(MCP_STAT_BEGIN_PRESSURE);
+		return 0;
+	}
 
+	struct mcp_req_state *old = req_by_tid.lookup(&tid);
 	if (old) {
 		stat_inc(MCP_STAT_BEGIN_SUPERSEDED);
 		emit_end(pid_tgid, now, old, MCP_END_SUPERSEDED);
 	} else {
 		if (ts->open >= MCP_MAX_OPEN_PER_PID) {
 			stat_inc(MCP_STAT_BEGIN_CAP);
+			return 0;
+		}
+		if (bu && bu->open >= MCP_MAX_OPEN_UID) {
+			stat_inc(MCP_STAT_BEGIN_UID_OPEN);
+			return 0;
+		}
+		if (bc && bc->open >= MCP_MAX_OPEN_CGROUP) {
+			stat_inc(MCP_STAT_BEGIN_CGROUP_OPEN);
 			return 0;
 		}
 	}
@@ -77,21 +205,27 @@ static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
 			close_request(tid, tgid);
 		return 0;
 	}
-	if (!old)
+	if (!old) {
 		__sync_fetch_and_add(&ts->open, 1);
+		if (bu)
+			__sync_fetch_and_add(&bu->open, 1);
+		if (bc)
+			__sync_fetch_and_add(&bc->open, 1);
+	}
 
 	u8 one = 1;
 	watch_tgid.update(&tgid, &one);
 
-	struct mcp_ev_req_begin *e = events.ringbuf_reserve(sizeof(*e));
+	struct mcp_ev_req_begin *e = req_events.ringbuf_reserve(sizeof(*e));
 	if (!e) {
-		stat_inc(MCP_STAT_RB_LOST);
+		stat_inc(MCP_STAT_RB_REQ_LOST);
 		return 0;
 	}
+	req_produced();
 	fill_hdr(&e->h, MCP_EV_REQ_BEGIN, sizeof(*e), pid_tgid, now);
 	e->request_id = m->request_id;
 	__builtin_memcpy(e->traceparent, m->traceparent, MCP_TRACEPARENT_LEN);
-	events.ringbuf_submit(e, 0);
+	req_events.ringbuf_submit(e, 0);
 	return 0;
 }
 
@@ -226,20 +360,28 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 		return 0;
 
 	/* The group leader exits last in exit_group(); its exit closes the process's entries. */
+	struct mcp_tgid_state *ts = tgid_state.lookup(&tgid);
 	struct mcp_counters *c = proc_stats.lookup(&tgid);
 	if (c) {
-		struct mcp_ev_proc_exit *e = events.ringbuf_reserve(sizeof(*e));
+		/* A process that marked requests: its exit goes in the ring its BEGIN and END records went
+		 * in, so that the reader sees them in the order they happened (two rings have no order). */
+		struct mcp_ev_proc_exit *e = ts ? req_events.ringbuf_reserve(sizeof(*e)) : events.ringbuf_reserve(sizeof(*e));
 		if (e) {
+			if (ts)
+				req_produced();
 			fill_hdr(&e->h, MCP_EV_PROC_EXIT, sizeof(*e), pid_tgid, now);
 			e->c = *c;
-			events.ringbuf_submit(e, 0);
+			bpf_ringbuf_submit(e, 0);
 		} else {
-			stat_inc(MCP_STAT_RB_LOST);
+			stat_inc(ts ? MCP_STAT_RB_REQ_LOST : MCP_STAT_RB_LOST);
 		}
 		proc_stats.delete(&tgid);
 	}
 	watch_tgid.delete(&tgid);
-	tgid_state.delete(&tgid);
+	if (ts) {
+		owners_release(ts, 0, 1);
+		tgid_state.delete(&tgid);
+	}
 	return 0;
 }
 #endif /* MCP_PROBE_PROCESS_EXIT */

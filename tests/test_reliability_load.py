@@ -298,10 +298,15 @@ def test_event_storm_overflows_ring_buffer_counted_logged_once_bounded(cbin, inp
     from mcp_hostagent import pipeline
 
     settings = pipeline.bpf_settings
-    monkeypatch.setattr(pipeline, "bpf_settings", lambda cfg: {**settings(cfg), "MCP_RINGBUF_PAGES": 1})
+    monkeypatch.setattr(pipeline, "bpf_settings",
+                        lambda cfg: {**settings(cfg), "MCP_RINGBUF_PAGES": 1, "MCP_REQ_RINGBUF_PAGES": 1,
+                                     # off: it would refuse these begins before the ring overflows
+                                     # (the pressure rule, test_security_blinding.py)
+                                     "MCP_PRESSURE_BEGINS_PER_S": 0xFFFFFFFF})
     caplog.set_level(logging.INFO, logger="mcp_hostagent")
     # a BEGIN whose END and PROC_EXIT were both lost is dropped (and counted) after the idle expiry
-    ra = inproc(requests__max_begins_per_s_per_pid=10_000_000, requests__idle_expiry_s=2)
+    ra = inproc(requests__max_begins_per_s_per_pid=10_000_000, requests__max_begins_per_s_per_uid=10_000_000,
+                requests__max_begins_per_s_per_cgroup=10_000_000, requests__idle_expiry_s=2)
     h = ra.agent.health
     lost0, rej0 = h.kernel_lost(), dict(h.rejected)
     rss0 = rss_kb()
