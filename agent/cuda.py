@@ -20,10 +20,11 @@ nvidia-uvm's commands are bare numbers (type 0x00) and /dev/nvidiactl and /dev/n
 opened and used between two scans is missed; a closed fd whose number is reused within a scan is
 counted as NVIDIA's until the next. `device_globs` says what is NVIDIA's (tests register a file).
 
-Overhead governor. When the first libcuda appears, calibrate_child() times its cuLaunchKernel in a
-child process with and without our launch program attached (per-hit cost, trap included; the trap's
-cost depends on the probed instruction, so a stand-in function can be far off: 7.4 us on libc's labs()
-vs ~1.1 us on cuLaunchKernel in the H200 VM). Every control window the launch rate of each process is estimated per
+Overhead governor. When the first libcuda appears, calibrate_standin() times a function of the
+agent's own that starts with the same first instruction as that library's cuLaunchKernel (read from
+the file, never loaded: a library a process maps may be anyone's), with and without our launch program
+attached (per-hit cost, trap included; the trap's cost depends on the probed instruction: 7.4 us on
+libc's labs() vs ~1.1 us on cuLaunchKernel in the H200 VM). Every control window the launch rate of each process is estimated per
 symbol from the (scaled) counts, and host-wide for processes not watched (as one process); when the
 busiest process's rate x cost exceeds the budget, each busy cuLaunchKernel* symbol gets a weight k:
 its probe is attached 1/k of the time and each hit counts k (the kernel reads cu_config), the counters
@@ -60,12 +61,21 @@ from concurrent.futures import ThreadPoolExecutor
 import time
 from dataclasses import dataclass, field
 
+from . import libtrust, procscan
 from . import records as R
 from . import uprobes
 from .decode import Counters, DecodeError, Header, counters_from
 from .probes import ATTACHED, MISSING, ProbePlan
 
 TRACEFS = "/sys/kernel/tracing"
+MAX_REFUSED_KEPT = 1024  # refused (device, inode)s remembered, so each is checked once
+CAP_REASON = "cuda.max_libraries"
+# A user controls what their processes' maps cost to read (60,000 mappings: ~30 ms each): a pass over
+# /proc spends at most RESCAN_BUDGET_S, one every RESCAN_PASS_S while a round lasts (<= 10% of a core);
+# the exec checks get the same budget per RESCAN_PASS_S of their own.
+RESCAN_BUDGET_S = 0.025
+RESCAN_PASS_S = 0.25
+MAX_REFUSED_ROWS = 32  # of them in `mcp-agent probes` and symbol_rows(): the latest
 LAUNCH_FIELDS = ("cu_launch", "cu_launch_ptsz", "cu_launch_ex", "cu_launch_ex_ptsz")
 
 
@@ -284,7 +294,7 @@ class CudaProbes:
                  device_globs=("/dev/nvidia*",), slice_s: float = 0.2, control_s: float = 1.0,
                  rescan_s: float = 10.0, fd_scan_s: float = 1.0, max_call_s: float = 3600.0,
                  governor: bool = True, proc_root: str = "/proc", keep_exited_s: float = 30.0,
-                 attach_uprobes: bool = True, uprobe_mode: str | None = None):
+                 attach_uprobes: bool = True, uprobe_mode: str | None = None, max_libraries: int = 16):
         self.bpf, self.plan = bpf, plan
         self.budget, self.auto_watch = budget, auto_watch
         self.device_globs = tuple(device_globs)
@@ -296,15 +306,20 @@ class CudaProbes:
         # deciding loads only the feature probe's 2-instruction program, none of ours
         self._up = uprobes.attacher_for(bpf, uprobe_mode)
         self.libs: dict[tuple, Library] = {}
+        self.max_libraries = max_libraries
+        self.refused: dict[tuple, tuple[str, str]] = {}  # (major, minor, inode) -> (path shown, why)
+        self.refused_total = 0  # distinct files refused since start (mcp.agent.records.rejected)
         self.enabled = {n for n in UPROBE_ROWS + ("nvidia_ioctl", "cuda_thread_exit", "cuda_exec")
                         if n in plan.statuses and plan.statuses[n].state == ATTACHED}
         self.weights = {f: 1 for f in LAUNCH_FIELDS}
         self.paused = False
         self.calibration: Calibration | None = None
         self.rates: dict[int, dict[str, float]] = {}
+        self.unsteered = 0  # processes with launch rates that may not steer the weights (last window)
         self.toggles = 0
         self.attach_s = 0.01  # an attach call's duration (moving average): the probe traps, not yet counting
         self.errors: list[str] = []
+        self.error_count = 0  # failed service passes, all of them (errors keeps the last 20 texts)
         self._rows: list[dict] = []
         self._lock = threading.RLock()  # libraries, fds (the finder's)
         self._duty_lock = threading.RLock()  # launch probes' attach state (the duty cycler's)
@@ -315,6 +330,9 @@ class CudaProbes:
         self._threads: list[threading.Thread] = []
         self._tp_fds: list[int] = []
         self._exec_checks: dict[int, list[float]] = {}
+        self._exec_window, self._exec_spent = 0.0, 0.0  # exec checks' budget window: start, seconds spent
+        self._walker = procscan.Walker(proc_root, RESCAN_BUDGET_S, self._stop)
+        self._seen: dict[tuple, set[int]] = {}  # the walk's round so far: library -> pids mapping it
         self._next = {"exec": 0.0, "rescan": 0.0, "fds": 0.0, "control": 0.0}
         self._fds: dict[int, dict[int, int]] = {}  # tgid -> fd -> device id
         self._dev_ids: dict[str, int] = {}
@@ -382,6 +400,7 @@ class CudaProbes:
             try:
                 wait = step()
             except Exception as e:  # keep following; the error is reported, not fatal
+                self.error_count += 1
                 self.errors = (self.errors + [f"{type(e).__name__}: {e}"])[-20:]
                 wait = 0.5
             wake.wait(max(0.002, wait))
@@ -409,15 +428,25 @@ class CudaProbes:
             if now >= self._next["exec"]:
                 self._drain_exec(now)
                 self._next["exec"] = now + 0.05
+            # any user can exec at will, and this runs every 50 ms: the checks get RESCAN_BUDGET_S of
+            # /proc reading per RESCAN_PASS_S window, as the rescan does; the rest wait their turn
+            if now >= self._exec_window + RESCAN_PASS_S:
+                self._exec_window, self._exec_spent = now, 0.0
             for pid in [p for p, ts in self._exec_checks.items() if ts[0] <= now]:
+                if self._exec_spent >= RESCAN_BUDGET_S or self._stop.is_set():
+                    break
                 self._exec_checks[pid].pop(0)
                 if not self._exec_checks[pid]:
                     del self._exec_checks[pid]
+                t0 = time.monotonic()
                 self.scan_pid(pid)
+                self._exec_spent += time.monotonic() - t0
             if now >= self._next["rescan"]:
-                self.rescan()
-                self._sweep_exited(now)
-                self._next["rescan"] = now + self.rescan_s
+                if self.rescan():
+                    self._sweep_exited(now)
+                    self._next["rescan"] = now + self.rescan_s
+                else:  # a round cut by its budget goes on soon, at a bounded share of a core
+                    self._next["rescan"] = now + RESCAN_PASS_S
             if now >= self._next["fds"]:
                 self.scan_fds()
                 self._next["fds"] = now + self.fd_scan_s
@@ -499,7 +528,7 @@ class CudaProbes:
     def scan_pid(self, pid: int) -> list[Library]:
         """Read one process's maps; attach any libcuda inode not yet attached. Returns its libraries."""
         out = []
-        for m in libcuda_mappings(_read(f"{self.proc}/{pid}/maps")):
+        for m in libcuda_mappings(procscan.read_maps(pid, self.proc).decode(errors="replace")):
             key = (*m.dev, m.inode)
             with self._lock:
                 lib_ = self.libs.get(key) or self._new_library(pid, m)
@@ -508,23 +537,33 @@ class CudaProbes:
                     out.append(lib_)
         return out
 
-    def rescan(self) -> None:
-        """Every process's maps: new libraries attached, libraries no process maps any more detached."""
-        seen: dict[tuple, set[int]] = {}
-        for name in os.listdir(self.proc):
-            if name.isdigit():
-                for lib_ in self.scan_pid(int(name)):
-                    seen.setdefault(lib_.key, set()).add(int(name))
-        with self._lock:
-            for key, lib_ in list(self.libs.items()):
-                lib_.pids = seen.get(key, set())
-                if not lib_.pids:
-                    self._drop(lib_)
-            self._update_rows()
+    def rescan(self, full: bool = False) -> bool:
+        """One pass of the walk over every process's maps (procscan.Walker: RESCAN_BUDGET_S of wall time,
+        resumed at the next pass; full: passes until the round ends): new libraries attached, and at the
+        end of a round, libraries that no process mapped during it detached. True when a round ended."""
+        while True:
+            done = self._walker.walk(self._rescan_visit)
+            if done or not full or self._stop.is_set():
+                break
+        if done:
+            seen, self._seen = self._seen, {}
+            with self._lock:
+                for key, lib_ in list(self.libs.items()):
+                    lib_.pids = seen.get(key, set())
+                    if not lib_.pids:
+                        self._drop(lib_)
+                self._update_rows()
+        return done
+
+    def _rescan_visit(self, pid: int) -> None:
+        for lib_ in self.scan_pid(pid):
+            self._seen.setdefault(lib_.key, set()).add(pid)
 
     def _drop(self, lib_: Library) -> None:
         lib_.dropped = True
         self.libs.pop(lib_.key, None)
+        for key in [k for k, (_, why) in self.refused.items() if why.startswith(CAP_REASON)]:
+            del self.refused[key]  # room again: the next scan may follow them
         self._update_rows()
         with self._duty_lock:
             self._detach_all(list(lib_.syms.values()))
@@ -532,25 +571,53 @@ class CudaProbes:
     def _resolve(self, pid: int, m: Mapping) -> str | None:
         """A path to the mapped file that outlives pid where possible: the agent's own view of the path
         when it is the same file (the host's libcuda), else through the process's root, else map_files
-        (a deleted file, or overlayfs showing another inode)."""
-        candidates = [] if m.deleted else [m.path, f"{self.proc}/{pid}/root{m.path}"]
-        for c in candidates + [f"{self.proc}/{pid}/map_files/{m.start}"]:
-            try:
-                st = os.stat(c)
-            except OSError:
-                continue
-            if (st.st_ino == m.inode and os.major(st.st_dev) == m.dev[0] and os.minor(st.st_dev) == m.dev[1]) \
-                    or "/map_files/" in c:
-                return c
-        return None
+        (a deleted file, or overlayfs showing another inode). Raises libtrust.Untrusted for a file that
+        a user other than root could have written (agent/libtrust.py)."""
+        if not m.deleted:
+            for root in ("/", f"{self.proc}/{pid}/root"):
+                c = m.path if root == "/" else root + m.path
+                try:
+                    st = os.stat(c)
+                except OSError:
+                    continue
+                if st.st_ino == m.inode and (os.major(st.st_dev), os.minor(st.st_dev)) == m.dev:
+                    libtrust.check_path(root, m.path, m.dev, m.inode)
+                    return c
+        c = f"{self.proc}/{pid}/map_files/{m.start}"
+        if not os.path.exists(c):
+            return None
+        libtrust.check_open_file(c, m.path, m.dev, m.inode)
+        return c
+
+    def _refuse(self, key: tuple, shown: str, why: str) -> None:
+        """Remember a refused file (bounded: a user can make inodes without end) and count it."""
+        if key not in self.refused:
+            self.refused_total += 1
+            if len(self.refused) >= MAX_REFUSED_KEPT:
+                self.refused.pop(next(iter(self.refused)))
+            self.refused[key] = (shown, why)
+            if len(self.errors) < 20 or self.refused_total % 1000 == 1:
+                self.errors = (self.errors + [f"refused {shown}: {why}"])[-20:]
+            self._update_rows()
 
     def _new_library(self, pid: int, m: Mapping) -> Library | None:
         from bcc import BPF
 
-        path = self._resolve(pid, m)
+        key = (*m.dev, m.inode)
+        if key in self.refused:
+            return None
+        shown = m.path + (" (deleted)" if m.deleted else "")
+        try:
+            path = self._resolve(pid, m)
+        except libtrust.Untrusted as e:
+            self._refuse(key, shown, f"not trusted: {e}")
+            return None
         if path is None:
             return None
-        lib_ = Library((*m.dev, m.inode), path, m.path + (" (deleted)" if m.deleted else ""), start=m.start)
+        if len(self.libs) >= self.max_libraries:
+            self._refuse(key, shown, f"{CAP_REASON} ({self.max_libraries}) files followed already")
+            return None
+        lib_ = Library(key, path, shown, start=m.start)
         if self.calibration is None and self.governor and DUTY_PROBE in self.enabled and self.attach_uprobes:
             self._calibrate(lib_)
         by_addr: dict[int, str] = {}
@@ -595,21 +662,18 @@ class CudaProbes:
             ok = [s for s in sts if s.state in ("attached", "alias", "found")]
             misses = sorted({s.reason for s in sts if s.state == "missing"})
             detail = f"{len(self.libs)} libcuda file(s)" + (f"; {'; '.join(misses)}" if misses else "")
+            if self.refused_total:
+                detail += f"; {self.refused_total} refused (not root's, or cuda.max_libraries)"
             if row == DUTY_PROBE and self.weight > 1:
                 detail += f"; duty cycle 1/{self.weight} (budget {self.budget:.1%})"
             self.plan.mark(row, ATTACHED if ok else MISSING, detail,
                            "" if ok else "this driver lacks these symbols (symbol_rows() lists them)")
 
     def _calibrate(self, lib_: Library) -> None:
-        """The per-hit cost on this host, measured on the first library's cuLaunchKernel before its
-        launch probes are attached (the trap's cost depends on the function's first instruction: one
-        the kernel emulates costs one trap, one it single-steps two, ~7x more in the H200 VM); else on
-        libc's labs() in this process; else a conservative default (the trap floor of docs/machines.md)."""
-        tries = []
-        if not lib_.path.startswith(self.proc + "/"):  # a container's copy may not load here
-            tries.append(lambda: calibrate_child(self.bpf, lib_.path))
-        tries.append(lambda: calibrate(self.bpf))
-        for t in tries:
+        """The per-hit cost on this host, measured on the agent's stand-in for the first library's
+        cuLaunchKernel before its launch probes are attached (calibrate_standin); else on libc's labs()
+        in this process; else a conservative default (the trap floor of docs/machines.md)."""
+        for t in (lambda: calibrate_standin(self.bpf, lib_.path), lambda: calibrate(self.bpf)):
             try:
                 self.calibration = t()
                 return
@@ -703,8 +767,17 @@ class CudaProbes:
         old = self.rates
         self.rates = {p: {f: (r[f] + old[p][f]) / 2 if p in old else r[f] for f in LAUNCH_FIELDS}
                       for p, r in rates.items()}
-        rates = self.rates
-        self._set_weights(plan_weights(rates, self.calibration.cost_ns, self._budget(), self.weights), now)
+        self._set_weights(plan_weights(self._steering(), self.calibration.cost_ns, self._budget(), self.weights),
+                          now)
+
+    def _steering(self) -> dict[int, dict[str, float]]:
+        """The rates that set the shared weights. Only GPU users steer: a process that calls
+        cuLaunchKernel without a context (no /dev/nvidia* fd: cuInit opens nvidiactl) would otherwise
+        duty-cycle, and so blind, every real GPU process. The unwatched rest (pid 0) steers only where
+        GPU processes are not watched (process.watch = marked)."""
+        steer = {p: r for p, r in self.rates.items() if (p in self._fds if p else not self.auto_watch)}
+        self.unsteered = len(self.rates) - len(steer)
+        return steer
 
     def _budget(self) -> float:
         """The budget for the probes' counted time: each attach traps for attach_s before it counts."""
@@ -715,7 +788,7 @@ class CudaProbes:
         with self._lock:
             self.budget = budget
             cost = self.calibration.cost_ns if self.calibration else 0.0
-            self._set_weights(plan_weights(self.rates, cost, self._budget()), time.monotonic())
+            self._set_weights(plan_weights(self._steering(), cost, self._budget()), time.monotonic())
 
     def _set_weights(self, weights: dict[str, int], now: float) -> None:
         if weights == self.weights:
@@ -829,7 +902,7 @@ class CudaProbes:
                 "attached_overhead": round(sum(busiest.values()) * cost, 4),
                 "overhead": round(sum(r * cost / w * (1 + self.attach_s / self.slice_s if w > 1 else 1)
                                       for f, r in busiest.items() for w in [self.weights[f]]), 4),
-                "toggles": self.toggles, "slice_s": self.slice_s, "attach_s": round(self.attach_s, 4),
+                "toggles": self.toggles, "unsteered": self.unsteered, "slice_s": self.slice_s, "attach_s": round(self.attach_s, 4),
                 "governor": self.governor, "uprobes": self._up.mode}
 
     def symbol_rows(self) -> list[dict]:
@@ -841,7 +914,10 @@ class CudaProbes:
                  "pids": len(lib_.pids), "symbol": st.sym.name, "probe": st.sym.probe,
                  "state": st.state, "reason": st.reason,
                  "duty_cycled": st.sym.probe == DUTY_PROBE and self.weights[st.sym.entry] > 1}
-                for lib_ in self.libs.values() for st in lib_.syms.values()]
+                for lib_ in self.libs.values() for st in lib_.syms.values()] + [
+                {"library": shown, "file": f"{k[0]:x}:{k[1]:x} {k[2]}", "pids": 0, "symbol": "*", "probe": "",
+                 "state": "refused", "reason": why, "duty_cycled": False}
+                for k, (shown, why) in list(self.refused.items())[-MAX_REFUSED_ROWS:]]
 
     def libraries(self) -> dict[tuple, Library]:
         with self._lock:
@@ -865,6 +941,7 @@ def probe_report(bpf, plan: ProbePlan, proc_root: str = "/proc") -> str:
     and detaching ~40 uprobes would take seconds); the plan's CUDA rows are updated in place."""
     cp = CudaProbes(bpf, plan, governor=False, attach_uprobes=False, proc_root=proc_root)
     cp.start(thread=False)
+    cp.rescan(full=True)
     cp.stop()
     rows = cp.symbol_rows()
     how = f"mechanism: {cp._up.mechanism}\n"
@@ -900,17 +977,122 @@ def _libc_labs():
     return path, addr, fn
 
 
-_CHILD = r"""
-import ctypes, sys, time
-f = getattr(ctypes.CDLL(sys.argv[1]), sys.argv[2])
-print("ready", flush=True)
-for line in sys.stdin:
-    n = int(line)
-    t = time.perf_counter_ns()
-    for _ in range(n):
-        f(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)  # no cuInit in this process: CUDA_ERROR_NOT_INITIALIZED
-    print((time.perf_counter_ns() - t) / n, flush=True)
-"""
+# ---- the calibration stand-in: code of the agent's own, never a library found in a process ----
+# The per-hit cost of a uprobe depends on the probed instruction: x86 uprobes emulate some (branches,
+# nops, push: arch/x86/kernel/uprobes.c branch_setup_xol_ops/push_setup_xol_ops) in one trap and
+# single-step the rest out of line, a second trap (~7x the cost in the H200 VM). So the stand-in
+# starts with the same first instruction as the library's cuLaunchKernel, copied only from this
+# table of ones that are safe to run on their own, then undoes it and returns 0.
+_RIP32 = object()  # a rip-relative disp32, pointed at a zero qword in the stand-in's own page
+_PROLOGUES: tuple[tuple[bytes, tuple, bytes], ...] = (
+    # (first bytes of the function, instruction to copy, what undoes it)
+    (b"\xf3\x0f\x1e\xfa", (b"\xf3\x0f\x1e\xfa",), b""),  # endbr64
+    *((bytes([0x50 + r]), (bytes([0x50 + r]),), bytes([0x58 + r])) for r in range(8) if r != 4),  # push r
+    *((bytes([0x41, 0x50 + r]), (bytes([0x41, 0x50 + r]),), bytes([0x41, 0x58 + r])) for r in range(8)),
+    (b"\x90", (b"\x90",), b""),
+    (b"\x66\x90", (b"\x66\x90",), b""),
+    (b"\x0f\x1f\x00", (b"\x0f\x1f\x00",), b""),
+    (b"\x0f\x1f\x40\x00", (b"\x0f\x1f\x40\x00",), b""),
+    (b"\x0f\x1f\x44\x00\x00", (b"\x0f\x1f\x44\x00\x00",), b""),
+    (b"\x66\x0f\x1f\x44\x00\x00", (b"\x66\x0f\x1f\x44\x00\x00",), b""),
+    (b"\x0f\x1f\x80\x00\x00\x00\x00", (b"\x0f\x1f\x80\x00\x00\x00\x00",), b""),
+    (b"\x48\x83\xec", None, b""),  # sub $imm8, %rsp: copied with its imm8 (below)
+    (b"\xe9", (b"\xe9\x00\x00\x00\x00",), b""),  # jmp rel32 (a thunk): to the next instruction
+    # loads and compares on a global (rip-relative), into caller-saved registers only
+    *((bytes([0x48, 0x8b, m]), (bytes([0x48, 0x8b, m]), _RIP32), b"") for m in (0x05, 0x0d, 0x15, 0x35, 0x3d)),
+    *((bytes([0x8b, m]), (bytes([0x8b, m]), _RIP32), b"") for m in (0x05, 0x0d, 0x15, 0x35, 0x3d)),
+    (b"\x80\x3d", (b"\x80\x3d", _RIP32, b"\x00"), b""),  # cmpb $imm8, x(%rip)
+    (b"\x83\x3d", (b"\x83\x3d", _RIP32, b"\x00"), b""),  # cmpl $imm8, x(%rip)
+)
+_RET0 = b"\x31\xc0\xc3"  # xor %eax, %eax; ret
+STANDIN_OFFSET = 0x100  # not 0: bcc takes a zero address for "no address"
+STANDIN_SIZE = 0x1000
+_ZERO_AT = 0x800  # the zero qword rip-relative loads read
+
+
+def standin_code(first: bytes) -> tuple[bytes, str]:
+    """(code placed at STANDIN_OFFSET, what its first instruction is) for a function whose first
+    bytes are `first`. An instruction not in _PROLOGUES gives a stand-in starting with endbr64 and
+    says so."""
+    for pre, insn, undo in _PROLOGUES:
+        if not first.startswith(pre):
+            continue
+        if insn is None:  # sub $imm8, %rsp
+            if len(first) < 4:
+                break
+            insn, undo = (first[:4],), b"\x48\x83\xc4" + first[3:4]
+        code = b""
+        for part in insn:
+            if part is _RIP32:  # disp32 from the end of this instruction
+                end = STANDIN_OFFSET + len(code) + 4 + sum(len(p) for p in insn[insn.index(part) + 1:])
+                code += (_ZERO_AT - end).to_bytes(4, "little", signed=True)
+            else:
+                code += part
+        return code + undo + _RET0, code.hex()
+    return b"\xf3\x0f\x1e\xfa" + _RET0, f"not recognised ({first[:8].hex()}): endbr64 in its place"
+
+
+def first_bytes(path: str, offset: int, n: int = 16) -> bytes:
+    """The first n bytes of the function at file offset `offset` of a (trusted) library: read, never
+    loaded."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(n)
+
+
+class Standin:
+    """The stand-in's code in a memfd of the agent's own, mapped executable here: a file, so uprobes
+    can be attached to it (uprobe_register() takes shmem inodes), and on no file system a user can
+    write or that may be mounted noexec. Call it, attach at (path, STANDIN_OFFSET), close()."""
+
+    def __init__(self, code: bytes):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self._libc = libc
+        page = bytearray(b"\xcc" * STANDIN_SIZE)  # int3 around the code
+        page[STANDIN_OFFSET:STANDIN_OFFSET + len(code)] = code
+        page[_ZERO_AT:_ZERO_AT + 8] = bytes(8)
+        self.fd = os.memfd_create("mcp-hostagent-calibrate", os.MFD_CLOEXEC)
+        try:
+            os.write(self.fd, bytes(page))
+            addr = libc.mmap(None, STANDIN_SIZE, 0x1 | 0x4, 0x02, self.fd, 0)  # PROT_READ|EXEC, MAP_PRIVATE
+            if addr in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), f"mmap stand-in: {os.strerror(ctypes.get_errno())}")
+        except Exception:
+            os.close(self.fd)
+            raise
+        self.addr = addr
+        self.path = f"/proc/self/fd/{self.fd}"
+        self.fn = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long)(addr + STANDIN_OFFSET)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self._libc.munmap(ctypes.c_void_p(self.addr), STANDIN_SIZE)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def calibrate_standin(bpf, lib_path: str | None, symbol: str = "cuLaunchKernel", n: int = 2000,
+                      rounds: int = 7) -> Calibration:
+    """Per-hit cost of our launch program on the agent's stand-in for symbol's first instruction in
+    lib_path (read from the file, see Standin); without lib_path, on an endbr64 stand-in."""
+    from bcc import BPF
+
+    first, source = b"", "no library"
+    if lib_path:
+        off = BPF._check_path_symbol(lib_path.encode(), symbol.encode(), None, -1)[1]
+        first = first_bytes(lib_path, off)
+        source = f"{os.path.basename(lib_path)}:{symbol}"
+    code, insn = standin_code(first)
+    st = Standin(code)
+    try:
+        c = calibrate(bpf, target=(st.path, STANDIN_OFFSET, st.fn), n=n, rounds=rounds)
+    finally:
+        st.close()
+    return Calibration(c.cost_ns, c.call_ns, f"stand-in for {source} (first instruction {insn})", rounds)
 
 
 def _interleaved(bpf, path: str, addr: int, fn_name: str, pid: int, timed, rounds: int):
@@ -929,42 +1111,6 @@ def _interleaved(bpf, path: str, addr: int, fn_name: str, pid: int, timed, round
             finally:
                 up.detach(h)
     return on, off
-
-
-def calibrate_child(bpf, lib_path: str, symbol: str = "cuLaunchKernel", n: int = 2000, rounds: int = 7,
-                    fn_name: str = "cu_launch") -> Calibration:
-    """Per-hit cost of our launch program on symbol itself: a child process loads the library and calls
-    it n times per round (without cuInit it returns at once), with our program attached for that
-    process only and without, interleaved; the median difference. The child is watched meanwhile, so
-    the program takes its full path."""
-    import subprocess
-    import sys
-    from bcc import BPF
-
-    addr = BPF._check_path_symbol(lib_path.encode(), symbol.encode(), None, -1)[1]
-    p = subprocess.Popen([sys.executable, "-c", _CHILD, lib_path, symbol], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, bufsize=1)
-    watch = bpf[b"watch_tgid"]
-    try:
-        if p.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"calibration child could not load {symbol} from {lib_path}")
-        watch[ctypes.c_uint32(p.pid)] = ctypes.c_uint8(1)
-
-        def timed() -> float:
-            p.stdin.write(f"{n}\n")
-            p.stdin.flush()
-            return float(p.stdout.readline())
-
-        timed()  # warm
-        on, off = _interleaved(bpf, lib_path, addr, fn_name, p.pid, timed, rounds)
-    finally:
-        p.kill()
-        p.wait()
-        watch.pop(ctypes.c_uint32(p.pid), None)
-        bpf[b"proc_stats"].pop(ctypes.c_uint32(p.pid), None)
-        bpf[b"cu_thread"].pop(ctypes.c_uint32(p.pid), None)
-    return Calibration(max(0.0, statistics.median(on) - statistics.median(off)), statistics.median(off),
-                       f"{os.path.basename(lib_path)}:{symbol} (child process)", rounds)
 
 
 def calibrate(bpf, target=None, n: int = 2000, rounds: int = 7, fn_name: str = "cu_launch") -> Calibration:

@@ -3,14 +3,23 @@
 A GPU process is one that maps the CUDA driver (libcuda.so*) or an NVIDIA device node into its
 address space; both show in /proc/PID/maps. Marked processes are added by the kernel itself on
 their first request begin.
+
+Any user's process is read here, so every read is bounded (procscan): the agent runs the scan on a
+thread of its own in time-budgeted passes (WatchScan), never on the ring-buffer thread.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import threading
+
+from . import procscan
+
+GPU_NEEDLES = (b"libcuda.so", b"/dev/nvidia")
 
 
-def _read(path: str, limit: int = 4 << 20) -> bytes:
+def _read(path: str, limit: int = 4096) -> bytes:
     try:
         with open(path, "rb") as f:
             return f.read(limit)
@@ -19,21 +28,33 @@ def _read(path: str, limit: int = 4 << 20) -> bytes:
 
 
 def is_gpu_process(pid: int, proc_root: str = "/proc") -> bool:
-    maps = _read(f"{proc_root}/{pid}/maps")
-    return b"libcuda.so" in maps or b"/dev/nvidia" in maps
+    return procscan.maps_contains(pid, GPU_NEEDLES, proc_root)
 
 
-def watch_set(proc_root: str = "/proc", pids=(), comms=(), gpu: bool = True) -> set[int]:
+class WatchScan:
+    """A watch scan carried across time-budgeted passes: the walker's cursor and this round's finds."""
+
+    def __init__(self, proc_root: str = "/proc", budget_s: float = 0.05, stop: threading.Event | None = None):
+        self.walker = procscan.Walker(proc_root, budget_s, stop)
+        self.found: set[int] = set()
+        self.result: set[int] = set()  # the last complete round's
+
+
+def watch_set(proc_root: str = "/proc", pids=(), comms=(), gpu: bool = True, scan: WatchScan | None = None) -> set[int]:
+    """The processes to watch. Without `scan`, one full walk of /proc. With it, one budgeted pass of that
+    scan: the set of its last complete round, a new object each time a round completes."""
     want_comms = {c.encode() if isinstance(c, str) else c for c in comms}
-    out = {p for p in pids if os.path.isdir(f"{proc_root}/{p}")}
-    if not (want_comms or gpu):
-        return out
-    for name in os.listdir(proc_root):
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        if want_comms and _read(f"{proc_root}/{pid}/comm").rstrip(b"\n") in want_comms:
-            out.add(pid)
-        elif gpu and is_gpu_process(pid, proc_root):
-            out.add(pid)
-    return out
+    if scan is None:
+        scan = WatchScan(proc_root, budget_s=math.inf)
+    if want_comms or gpu:
+        def visit(pid: int) -> None:
+            if want_comms and _read(f"{proc_root}/{pid}/comm").rstrip(b"\n") in want_comms:
+                scan.found.add(pid)
+            elif gpu and is_gpu_process(pid, proc_root):
+                scan.found.add(pid)
+
+        if not scan.walker.walk(visit):
+            return scan.result
+    scan.result = scan.found | {p for p in pids if os.path.isdir(f"{proc_root}/{p}")}
+    scan.found = set()
+    return scan.result

@@ -181,7 +181,7 @@ def main(argv=None) -> int:
         # ---- the governor on a launch-bound loop ----
         cp.pause(True)
         cp.governor = True
-        cp.calibration = cuda.calibrate_child(bpf, lib)
+        cp.calibration = cuda.calibrate_standin(bpf, lib)
         cp.slice_s = 0.1  # >> the ~10 ms an attach takes (traps without counting meanwhile)
         cp.pause(False)
         d.do(f"loop 2000 {WORK_NS}")  # the governor measures the rate and picks its weight

@@ -299,6 +299,12 @@ def test_duty_cycle_scales_and_marks_sampled(gpu, build, drivers):
     d = drivers()
     wait_attached(gpu, build.lib, d.pid)
     d.do("sym cuCtxSetCurrent 1")
+    # only processes holding an NVIDIA device fd steer the weights (a real one opens nvidiactl at cuInit)
+    d.do(f"open {FAKE_DEV_GLOB[:-1]}-duty")
+    deadline = time.monotonic() + 5
+    while d.pid not in gpu.cp._fds and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert d.pid in gpu.cp._fds
     # The governor sets one weight per symbol from the busiest process's rate; launches of earlier
     # tests' drivers (their last window is counted as an unwatched "rest" once they exit) must have
     # left its estimate before the weight is computed for this driver alone.
