@@ -140,7 +140,8 @@ class Agent:
         self.cuda: cuda.CudaProbes | None = None
         self.kswapd = KswapdTracker()
         self.proc_rows: dict[int, tuple[dict, Counters]] = {}  # the last map read, for the snapshots
-        self.snapshots = SnapshotBuilder(proc_root, to_wall=self.timebase.to_wall_ns)  # `mcp-agent top`
+        self.snapshots = SnapshotBuilder(proc_root, to_wall=self.timebase.to_wall_ns,  # `mcp-agent top`
+                                         busy_util_pct=cfg.pcie_busy_util_pct)
         self.storms: dict[str, StormDetector] = {"host": StormDetector("host", storm_thresholds(cfg))}
         self._win_start = time.monotonic_ns()
         self._win_prev: dict = {}

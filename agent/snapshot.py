@@ -47,10 +47,10 @@ PROC_HISTORY_S = 60.0  # a process with no counters keeps its request history th
 # second, summed over the process's threads), about 5000 switches/s at the 8-15 us per push the
 # seeds measured. Cleared (hysteresis) below half of it.
 CTX_HEAVY_MS_PER_S = 50.0
-# A link below its maximum speed counts as degraded only while the GPU is this busy: NVIDIA GPUs drop
-# to Gen1 at idle on purpose (the same rule as pcie.LinkJudge's speed_under_load). A narrower width
-# than the maximum is degraded always.
-LINK_BUSY_UTIL_PCT = 10.0
+# A link below its maximum speed counts as degraded only while the GPU is at least pcie.busy_util_pct
+# busy: NVIDIA GPUs drop to Gen1 at idle on purpose (the same setting and rule as pcie.LinkJudge's
+# speed_under_load, so top and the spans agree). A narrower width than the maximum is degraded always.
+LINK_BUSY_UTIL_PCT = 10.0  # pcie.busy_util_pct's default
 
 # NIC findings: a carrier that comes back after a loss is a flap (netlink.NicWatcher counts them over
 # its flap window, 60 s); this many in the window make the comeback a "flapping" finding.
@@ -310,11 +310,11 @@ def ctx_ms_per_s(prev, cur, dt_s: float) -> float:
     return max(0, _c(cur, "cu_ctx_ns") - _c(prev, "cu_ctx_ns")) / 1e6 / dt_s
 
 
-def link_degraded(gen, gen_max, width, width_max, util_pct) -> str | None:
+def link_degraded(gen, gen_max, width, width_max, util_pct, busy_util_pct: float = LINK_BUSY_UTIL_PCT) -> str | None:
     """Why a link counts as degraded on one reading, or None (see LINK_BUSY_UTIL_PCT)."""
     if width and width_max and width < width_max:
         return f"width x{width} < x{width_max}"
-    if gen and gen_max and gen < gen_max and util_pct is not None and util_pct >= LINK_BUSY_UTIL_PCT:
+    if gen and gen_max and gen < gen_max and util_pct is not None and util_pct >= busy_util_pct:
         return f"Gen{gen} < Gen{gen_max} at {util_pct:.0f}% util"
     return None
 
@@ -391,9 +391,11 @@ class SnapshotBuilder:
     called from NVML's event thread. latest() and latest_json() from any thread."""
 
     def __init__(self, proc_root: str = "/proc", sys_root: str = "/sys", source: str = "local",
-                 to_wall=None, clock=time.monotonic_ns, wall=time.time_ns):
-        """to_wall: the agent's kernel-monotonic -> wall conversion (Timebase.to_wall_ns)."""
+                 to_wall=None, clock=time.monotonic_ns, wall=time.time_ns, busy_util_pct: float = LINK_BUSY_UTIL_PCT):
+        """to_wall: the agent's kernel-monotonic -> wall conversion (Timebase.to_wall_ns).
+        busy_util_pct: the pcie.busy_util_pct setting (link_degraded)."""
         self.proc_root, self.sys_root, self.source = proc_root, sys_root, source
+        self.busy_util_pct = busy_util_pct
         self._to_wall = to_wall
         self._clock, self._wall = clock, wall
         self._hist: OrderedDict[int, _ProcHistory] = OrderedDict()
@@ -693,7 +695,7 @@ class SnapshotBuilder:
                 for j, kind in enumerate(("correctable", "nonfatal", "fatal")):
                     aer[j] += st.aer.total(kind)
         util = s.util_gpu_pct if s is not None else None
-        why = link_degraded(gen, gen_max, width, width_max, util)
+        why = link_degraded(gen, gen_max, width, width_max, util, self.busy_util_pct)
         ep = self._episodes.get(bdf) if bdf else None
         if ep is not None:
             why = ", ".join(ep.causes) or why or "episode open"

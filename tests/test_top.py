@@ -176,6 +176,9 @@ def test_link_degraded_rule():
     assert link_degraded(1, 5, 16, 16, None) is None  # utilisation unknown
     assert link_degraded(4, 5, 16, 16, 80) == "Gen4 < Gen5 at 80% util"
     assert link_degraded(5, 5, 8, 16, 0) == "width x8 < x16"  # narrower: always
+    # the pcie.busy_util_pct setting, as the spans' LinkJudge uses it
+    assert link_degraded(4, 5, 16, 16, 30, busy_util_pct=50) is None
+    assert link_degraded(4, 5, 16, 16, 60, busy_util_pct=50) == "Gen4 < Gen5 at 60% util"
 
 
 def test_short_command():
