@@ -52,7 +52,8 @@ def check_path(root: str, path: str, dev: tuple[int, int], inode: int) -> None:
         raise Untrusted(f"{path!r}: not a canonical path")
     cur = root.rstrip("/") or "/"
     try:
-        check_dir(os.lstat(cur), "/")
+        # stat, not lstat: /proc/PID/root is a magic link to the process's root directory (a container's)
+        check_dir(os.stat(cur), "/")
         for i, name in enumerate(parts):
             cur = os.path.join(cur, name)
             shown = "/" + "/".join(parts[: i + 1])

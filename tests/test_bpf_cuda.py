@@ -184,6 +184,27 @@ def test_second_copy_is_another_inode_attached_separately(gpu, build, drivers):
     assert len(keys) == 1 and str(os.stat(path).st_ino) in keys.pop()
 
 
+def test_a_library_only_in_the_process_mount_namespace(gpu, build, drivers, tmp_path):
+    """A container's libcuda: at a path that, in the agent's mount namespace, names nothing. It is
+    reached through /proc/PID/root and trusted there (root's tmpfs, root's file), then counted."""
+    mnt = tmp_path / "ctr-lib"
+    mnt.mkdir()
+    path = str(mnt / "libcuda.so.1")
+    d = drivers(path, prefix=["unshare", "-m", "--propagation", "private", "sh", "-c",
+                              'mount -t tmpfs -o mode=0755 mcp-ctr "$0" && cp "$1" "$0/" && exec "$2"',
+                              str(mnt), build.lib])
+    assert not os.path.exists(path)  # not in this mount namespace
+    ino = os.stat(f"/proc/{d.pid}/root{path}").st_ino
+    deadline = time.monotonic() + 10
+    while not any(k[2] == ino and d.pid in lib.pids for k, lib in gpu.cp.libraries().items()):
+        assert time.monotonic() < deadline, (gpu.cp.symbol_rows()[:3], gpu.cp.refused)
+        time.sleep(0.05)
+    wait_attached(gpu, f"/proc/{d.pid}/root{path}", d.pid)
+    d.do("launch 30")
+    c = proc(gpu, d.pid)
+    assert (c.cu_launch, c.cu_launch_ptsz, c.cu_launch_ex, c.cu_launch_ex_ptsz) == (30, 30, 30, 30)
+
+
 def test_missing_symbols_degrade_per_symbol(gpu, build, drivers):
     d = drivers(build.old)
     assert d.missing == 2  # cuLaunchKernelEx_ptsz, cuStreamSynchronize_ptsz

@@ -55,6 +55,15 @@ def test_refused(tree, what, change, why):
         check(tree)
 
 
+def test_through_a_process_root(tree):
+    """A container's libcuda is reached through /proc/PID/root, a magic link to its root directory."""
+    dev, ino = _ident(str(tree))
+    libtrust.check_path(f"/proc/{os.getpid()}/root", str(tree), dev, ino)
+    os.chown(tree, USER, USER)
+    with pytest.raises(libtrust.Untrusted, match=f"owned by uid {USER}"):
+        libtrust.check_path(f"/proc/{os.getpid()}/root", str(tree), dev, ino)
+
+
 def test_a_sticky_world_writable_directory_is_allowed(tree):
     os.chmod(tree.parent, 0o1777)  # /tmp: no other user can rename or unlink root's entry
     check(tree)
