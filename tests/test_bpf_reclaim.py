@@ -215,6 +215,10 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent):
             child.close()
     try:
         assert wait_for(lambda: not a.agent.kswapd.awake_since, 20), "kswapd did not go back to sleep"
+        # kswapd's CPU share from the last stimulus until it slept, by the kernel's accounting: it was
+        # awake at least that share of those seconds, so the storm's peak awake ratio is not below it
+        # (a storm can open on direct reclaim with kswapd barely busy: its peak is then small too)
+        kswapd_cpu = (sum(memstat.kswapd_cpu_ticks().values()) - ticks0) / CLK_TCK / (time.monotonic() - w0)
         time.sleep(0.5)
         t1, vm1 = totals(a), memstat.read_vmstat()
         d = {k: vm1[k] - vm0[k] for k in ("pgscan_kswapd", "pgsteal_kswapd", "pgscan_direct", "pgsteal_direct")}
@@ -238,7 +242,10 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent):
                                   and s.context.span_id == links[0].context.span_id], 15)
         assert storm, "host storm did not close and export"
         sa = storm[0].attributes
-        assert sa["mcp.storm.peak.kswapd_ratio"] >= 0.5
+        print(f"storm: peak kswapd awake ratio {sa['mcp.storm.peak.kswapd_ratio']}, kswapd CPU share {kswapd_cpu:.3f} "
+              f"from the last stimulus to kswapd's sleep; attempts {tried}")
+        assert sa["mcp.storm.peak.kswapd_ratio"] > 0 and sa["mcp.storm.peak.kswapd_ratio"] >= 0.9 * kswapd_cpu, \
+            (sa, round(kswapd_cpu, 3), tried)
         assert sa["mcp.storm.pgsteal_kswapd"] > 0
         assert storm[0].start_time <= span.end_time and storm[0].end_time >= span.start_time
     finally:
