@@ -238,9 +238,8 @@ def _exporters_for(cfg):
 def _start_agent(cfg, progress, echo, reloads):
     """Start an Agent for cfg, print what it attached, serve the control socket. StartError on failure."""
     from .control import serve
+    from .exporters.jsonl import UnsafeFileError, check_jsonl_path
     from .pipeline import Agent, StartError
-
-    from mcp_hostagent.exporters.jsonl import UnsafeFileError, check_jsonl_path
 
     if cfg.export_jsonl_path:
         try:  # refused here, one line, before any probe loads; later (rotation) it is counted instead

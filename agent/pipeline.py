@@ -28,7 +28,7 @@ from .snapshot import SnapshotBuilder
 from .records import C, KERNEL_STATS
 from .telemetry import AgentHealth, Telemetry
 from .timebase import Timebase
-from mcp_hostagent.exporters import Exporters, build_exporters
+from .exporters import Exporters, build_exporters
 
 log = logging.getLogger("mcp_hostagent")
 

@@ -29,8 +29,8 @@ from .decode import Counters
 from .join import FinishedRequest
 from .reclaim import Episode
 from .timebase import Timebase
-from mcp_hostagent.exporters import Exporters
-from mcp_hostagent.exporters.counting import CountingBatchSpanProcessor
+from .exporters import Exporters
+from .exporters.counting import CountingBatchSpanProcessor
 
 SPAN_NAME = "mcp.request"
 STALL_SPAN = "mcp.reclaim.stall"

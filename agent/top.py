@@ -604,8 +604,8 @@ class LocalSource:
         self.status = sanitize_text(text, 200)
 
     def _run(self) -> None:
-        from mcp_hostagent.exporters import Exporters, ExportStats
-        from mcp_hostagent.exporters.counting import CountingSpanExporter, MultiSpanExporter
+        from .exporters import Exporters, ExportStats
+        from .exporters.counting import CountingSpanExporter, MultiSpanExporter
 
         from .pipeline import Agent, StartError
 
