@@ -83,15 +83,28 @@ def write_allow(bpf, owners: list[tuple[int, int]]) -> None:
         table[R.OwnerKey(kind, 0, ident)] = ctypes.c_uint8(1)
 
 
+BPF_EXIST = 2  # linux/bpf.h: update an entry only if it is still there
+
+
+def update_existing(table, key, value) -> bool:
+    """Write value only over an existing entry: an entry the kernel deleted meanwhile (the process
+    exited, the owner was evicted) is not made again for nothing to remove."""
+    from bcc.libbcc import lib
+
+    return lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(value), BPF_EXIST) == 0
+
+
 def release_open(bpf, ts) -> None:
     """A request closed from user space (idle expiry): give its owners' open slot back, as the
-    kernel's close_request() does."""
+    kernel's close_request() does. A read-modify-write of the whole entry: a kernel update of the
+    same owner in between is lost (user space has no atomic add on a map value); idle expiry is
+    rare, and the counts are compared signed and saturate, so the error stays small."""
     if ts.exempt:
         return
     table = bpf[b"budgets"]
     for kind, ident in ((R.C["MCP_OWNER_UID"], ts.uid), (R.C["MCP_OWNER_CGROUP"], ts.cgroup_id)):
         key = R.OwnerKey(kind, 0, ident)
         b = table.get(key)
-        if b is not None and b.open > 0:
+        if b is not None and ctypes.c_int32(b.open).value > 0:
             b.open -= 1
-            table[key] = b
+            update_existing(table, key, b)

@@ -580,9 +580,10 @@ class Agent:
         before = scan.result
         want = discovery.watch_set(self.proc_root, cfg.process_pids, cfg.process_comms,
                                    gpu=cfg.process_watch == "gpu", scan=scan)
-        if want is before or self.bpf is None:
+        b = self.bpf  # once: stop() may clear it meanwhile
+        if want is before or b is None:
             return False
-        table = self.bpf[b"watch_tgid"]
+        table = b[b"watch_tgid"]
         for pid in set(want):
             try:
                 table[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
@@ -626,9 +627,9 @@ class Agent:
             except KeyError:  # ended by the kernel meanwhile
                 continue
             ts = tgids.get(ctypes.c_uint32(st.tgid))
-            if ts is not None and ts.open > 0:
+            if ts is not None and ctypes.c_int32(ts.open).value > 0:
                 ts.open -= 1
-                tgids[ctypes.c_uint32(st.tgid)] = ts
+                owners.update_existing(tgids, ctypes.c_uint32(st.tgid), ts)
                 owners.release_open(b, ts)
             self._emit(self.joiner.on_expired(st.tgid, k.value, st.request_id, st.begin_ns, now_ns,
                                               counters_from(st.c)))

@@ -49,6 +49,9 @@
  * flood, keeps room for light users instead of losing everyone's END records. Half the ring, counted
  * in the largest request record (struct mcp_ev_req_end, ~270 bytes with its 8-byte ring header). */
 #define MCP_PRESSURE_LAG (MCP_REQ_RINGBUF_PAGES * 4096 / 2 / 288)
+/* Small, because each owner's window restarts every second: under a lag, each owner past it still
+ * gets this many begins (and their ends) a second into the half ring left. 1,000 let 200 flooding
+ * processes overflow the ring under CPU starvation (test_security_blinding.py). */
 #ifndef MCP_PRESSURE_BEGINS_PER_S
 #define MCP_PRESSURE_BEGINS_PER_S 100
 #endif
@@ -87,6 +90,9 @@ BPF_TABLE("lru_hash", u32, struct mcp_offcpu, offcpu_start, MCP_MAX_THREADS);
 BPF_PERCPU_ARRAY(stats, u64, MCP_STAT_MAX);
 /* LRU: owners come and go (every container is a new cgroup id); evicting one needs MCP_MAX_OWNERS
  * newer owners, which an unprivileged user, one uid without cgroup delegation, cannot make. */
+/* cgroup v2's root has id 1; MCP_ROOT_CGROUP_OWNER | uid keys a root-cgroup task's cgroup budget */
+#define MCP_ROOT_CGROUP_ID 1
+#define MCP_ROOT_CGROUP_OWNER (1ULL << 63)
 BPF_TABLE("lru_hash", struct mcp_owner_key, struct mcp_budget, budgets, MCP_MAX_OWNERS);
 BPF_HASH(mark_allow, struct mcp_owner_key, u8, 1024);  /* written by the agent at start */
 

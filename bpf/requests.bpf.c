@@ -28,40 +28,53 @@ static __always_inline void emit_end(u64 pid_tgid, u64 now, struct mcp_req_state
 static __always_inline struct mcp_budget *owner_budget(u32 kind, u64 id, int create)
 {
 	struct mcp_owner_key k = {.kind = kind, .id = id};
-	if (create) {
-		struct mcp_budget zero = {};
-		budgets.insert(&k, &zero);
-	}
+	struct mcp_budget *b = budgets.lookup(&k);
+	if (b || !create)
+		return b;
+	/* only when missing: an LRU insert takes a free node, and may evict a cold owner, even when
+	 * the key exists */
+	struct mcp_budget zero = {};
+	budgets.insert(&k, &zero);
 	return budgets.lookup(&k);
 }
 
-/* Subtract from the open or procs count of a process's two owners (after an LRU eviction the
- * entry is new and at 0: never below). */
-static __always_inline void owners_release(struct mcp_tgid_state *ts, int open, int procs)
+/* count -= n, not below 0. The counts are compared signed (see mark_begin): two CPUs racing past
+ * the check can take one below 0, which reads as below its cap, never as a full one. */
+static __always_inline void sat_sub(u32 *count, u32 n)
+{
+	if ((s32)*count > 0)
+		__sync_fetch_and_add(count, -(s32)(n < *count ? n : *count));
+}
+
+/* Give n open requests and, with procs, the process back to its two owners (after an LRU
+ * eviction the entry is new and at 0: never below). */
+static __always_inline void owners_release(struct mcp_tgid_state *ts, u32 open, int procs)
 {
 	if (ts->exempt)
 		return;
 	struct mcp_budget *b = owner_budget(MCP_OWNER_UID, ts->uid, 0);
 	if (b) {
-		if (open && b->open > 0)
-			__sync_fetch_and_add(&b->open, -1);
-		if (procs && b->procs > 0)
-			__sync_fetch_and_add(&b->procs, -1);
+		if (open)
+			sat_sub(&b->open, open);
+		if (procs)
+			sat_sub(&b->procs, 1);
 	}
 	b = owner_budget(MCP_OWNER_CGROUP, ts->cgroup_id, 0);
 	if (b) {
-		if (open && b->open > 0)
-			__sync_fetch_and_add(&b->open, -1);
-		if (procs && b->procs > 0)
-			__sync_fetch_and_add(&b->procs, -1);
+		if (open)
+			sat_sub(&b->open, open);
+		if (procs)
+			sat_sub(&b->procs, 1);
 	}
 }
 
 static __always_inline void close_request(u32 tid, u32 tgid)
 {
-	req_by_tid.delete(&tid);
+	/* only who deletes the entry gives the slot back: user space's idle expiry may race us */
+	if (req_by_tid.delete(&tid) != 0)
+		return;
 	struct mcp_tgid_state *ts = tgid_state.lookup(&tgid);
-	if (ts && ts->open > 0) {
+	if (ts && (s32)ts->open > 0) {
 		__sync_fetch_and_add(&ts->open, -1);
 		owners_release(ts, 1, 0);
 	}
@@ -107,11 +120,11 @@ static __always_inline struct mcp_tgid_state *tgid_enter(u32 tgid, u32 uid, u64 
 	if (ts)
 		return ts;
 	if (!exempt) {
-		if (bu->procs >= MCP_MAX_PROCS_UID) {
+		if ((s32)bu->procs >= MCP_MAX_PROCS_UID) {
 			stat_inc(MCP_STAT_BEGIN_UID_PROCS);
 			return 0;
 		}
-		if (bc->procs >= MCP_MAX_PROCS_CGROUP) {
+		if ((s32)bc->procs >= MCP_MAX_PROCS_CGROUP) {
 			stat_inc(MCP_STAT_BEGIN_CGROUP_PROCS);
 			return 0;
 		}
@@ -133,6 +146,10 @@ static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
 	u32 tid = (u32)pid_tgid, tgid = pid_tgid >> 32;
 	u32 uid = (u32)bpf_get_current_uid_gid();
 	u64 cg = bpf_get_current_cgroup_id();
+	/* Tasks in the root cgroup (and every task of a host without cgroup v2, where the id is the
+	 * root's) share no cgroup budget: each uid there is a cgroup owner of its own. */
+	if (cg <= MCP_ROOT_CGROUP_ID)
+		cg = MCP_ROOT_CGROUP_OWNER | uid;
 	struct mcp_budget *bu = 0, *bc = 0;
 	int exempt = 0;
 
@@ -181,15 +198,15 @@ static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
 		stat_inc(MCP_STAT_BEGIN_SUPERSEDED);
 		emit_end(pid_tgid, now, old, MCP_END_SUPERSEDED);
 	} else {
-		if (ts->open >= MCP_MAX_OPEN_PER_PID) {
+		if ((s32)ts->open >= MCP_MAX_OPEN_PER_PID) {
 			stat_inc(MCP_STAT_BEGIN_CAP);
 			return 0;
 		}
-		if (bu && bu->open >= MCP_MAX_OPEN_UID) {
+		if (bu && (s32)bu->open >= MCP_MAX_OPEN_UID) {
 			stat_inc(MCP_STAT_BEGIN_UID_OPEN);
 			return 0;
 		}
-		if (bc && bc->open >= MCP_MAX_OPEN_CGROUP) {
+		if (bc && (s32)bc->open >= MCP_MAX_OPEN_CGROUP) {
 			stat_inc(MCP_STAT_BEGIN_CGROUP_OPEN);
 			return 0;
 		}
@@ -379,7 +396,10 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	}
 	watch_tgid.delete(&tgid);
 	if (ts) {
-		owners_release(ts, 0, 1);
+		/* Threads exit in no fixed order (the leader often first, at exit() or a signal): the
+		 * requests still open in the others are given back with the process, here, since their
+		 * close_request() will find no tgid_state. */
+		owners_release(ts, ts->open, 1);
 		tgid_state.delete(&tgid);
 	}
 	return 0;
