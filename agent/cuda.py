@@ -263,6 +263,7 @@ class Library:
     syms: dict[str, SymState] = field(default_factory=dict)
     start: str = ""  # the mapping's range, for /proc/PID/map_files
     dropped: bool = False
+    fd: int = -1  # the checked file, held open: `path` is /proc/self/fd/<fd> (CudaProbes._pin)
 
 
 @dataclass
@@ -279,6 +280,12 @@ def _read(path: str, limit: int = 16 << 20) -> str:
             return f.read(limit).decode(errors="replace")
     except OSError:
         return ""
+
+
+def _close(lib_: Library) -> None:
+    if lib_.fd >= 0:
+        os.close(lib_.fd)
+        lib_.fd = -1
 
 
 class CudaProbes:
@@ -375,6 +382,8 @@ class CudaProbes:
         with self._lock, self._duty_lock:
             self._detach_all([st for lib_ in self.libs.values() for st in lib_.syms.values()])
             self.set_tracepoints(False)
+            for lib_ in self.libs.values():
+                _close(lib_)
 
     def set_tracepoints(self, on: bool) -> None:
         """Attach (or close) our own tracepoint programs: benchmarks toggle them with the loader's."""
@@ -567,6 +576,22 @@ class CudaProbes:
         self._update_rows()
         with self._duty_lock:
             self._detach_all(list(lib_.syms.values()))
+        _close(lib_)
+
+    @staticmethod
+    def _pin(path: str, key: tuple) -> int:
+        """An fd of the file just checked at path, verified to be that (device, inode): symbols are
+        read and uprobes attached through /proc/self/fd/<fd> from here on, so a user who swaps what
+        the path names after the check (a mount in their own namespace, a remapped range behind
+        map_files) changes nothing the agent reads. O_NOFOLLOW but for map_files, whose entries
+        are the kernel's links to the mapped file."""
+        flags = os.O_RDONLY | os.O_CLOEXEC | (0 if "/map_files/" in path else os.O_NOFOLLOW)
+        fd = os.open(path, flags)
+        st = os.fstat(fd)
+        if (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) != tuple(key):
+            os.close(fd)
+            raise libtrust.Untrusted(f"{path}: not the file the process maps (replaced since the check)")
+        return fd
 
     def _resolve(self, pid: int, m: Mapping) -> str | None:
         """A path to the mapped file that outlives pid where possible: the agent's own view of the path
@@ -617,7 +642,14 @@ class CudaProbes:
         if len(self.libs) >= self.max_libraries:
             self._refuse(key, shown, f"{CAP_REASON} ({self.max_libraries}) files followed already")
             return None
-        lib_ = Library(key, path, shown, start=m.start)
+        try:
+            fd = self._pin(path, key)
+        except libtrust.Untrusted as e:
+            self._refuse(key, shown, f"not trusted: {e}")
+            return None
+        except OSError:  # gone meanwhile: the next scan tries again
+            return None
+        lib_ = Library(key, f"/proc/self/fd/{fd}", shown, start=m.start, fd=fd)
         if self.calibration is None and self.governor and DUTY_PROBE in self.enabled and self.attach_uprobes:
             self._calibrate(lib_)
         by_addr: dict[int, str] = {}
@@ -628,7 +660,7 @@ class CudaProbes:
                 st.state, st.reason = "disabled", f"probe {sym.probe} disabled or missing"
                 continue
             try:
-                st.addr = BPF._check_path_symbol(path.encode(), sym.name.encode(), None, -1)[1]
+                st.addr = BPF._check_path_symbol(lib_.path.encode(), sym.name.encode(), None, -1)[1]
             except Exception:
                 st.state, st.reason = "missing", f"{sym.name} not exported by {lib_.shown}"
                 continue
@@ -673,7 +705,8 @@ class CudaProbes:
         """The per-hit cost on this host, measured on the agent's stand-in for the first library's
         cuLaunchKernel before its launch probes are attached (calibrate_standin); else on libc's labs()
         in this process; else a conservative default (the trap floor of docs/machines.md)."""
-        for t in (lambda: calibrate_standin(self.bpf, lib_.path), lambda: calibrate(self.bpf)):
+        for t in (lambda: calibrate_standin(self.bpf, lib_.path, name=os.path.basename(lib_.shown)),
+                  lambda: calibrate(self.bpf)):
             try:
                 self.calibration = t()
                 return
@@ -865,8 +898,9 @@ class CudaProbes:
             alive = [p for p in lib_.pids if os.path.exists(f"{self.proc}/{p}")]
             for p in alive:
                 path = self._resolve(p, Mapping(lib_.start, lib_.key[:2], lib_.key[2], lib_.shown, False))
-                if path and path != lib_.path:
-                    lib_.path = path
+                if path and lib_.fd < 0:
+                    lib_.fd = self._pin(path, lib_.key)
+                    lib_.path = f"/proc/self/fd/{lib_.fd}"
                     return self._attach_timed(lib_, st)
             if not alive:
                 self._dead.add(lib_.key)  # the finder detaches the rest
@@ -1076,7 +1110,7 @@ class Standin:
 
 
 def calibrate_standin(bpf, lib_path: str | None, symbol: str = "cuLaunchKernel", n: int = 2000,
-                      rounds: int = 7) -> Calibration:
+                      rounds: int = 7, name: str | None = None) -> Calibration:
     """Per-hit cost of our launch program on the agent's stand-in for symbol's first instruction in
     lib_path (read from the file, see Standin); without lib_path, on an endbr64 stand-in."""
     from bcc import BPF
@@ -1085,7 +1119,7 @@ def calibrate_standin(bpf, lib_path: str | None, symbol: str = "cuLaunchKernel",
     if lib_path:
         off = BPF._check_path_symbol(lib_path.encode(), symbol.encode(), None, -1)[1]
         first = first_bytes(lib_path, off)
-        source = f"{os.path.basename(lib_path)}:{symbol}"
+        source = f"{name or os.path.basename(lib_path)}:{symbol}"
     code, insn = standin_code(first)
     st = Standin(code)
     try:
