@@ -20,10 +20,13 @@ COMMAND_LINE_MODES = ("redacted", "full", "off")
 _SECRET_NAME = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
 # scheme://userinfo@ ; userinfo stops at what cannot be in it (and at quotes, so that a URL inside
 # JSON or TOML text does not run into the next value)
-_URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#@\"']+)@")
+# (greedy up to the authority's last "@": a password may hold an "@" of its own)
+_URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#\"']+)@")
 # user:password@host without a scheme: how the gRPC exporter logs its target (the URL's netloc)
 _BARE_USERINFO = re.compile(r"(?<![^\s(\[=,'\"])([^\s/?#@:\"'(\[=,]+):([^\s/?#@\"']+)@(?=[\w\[])")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
+# an HTTP header as one argument: curl -H "Authorization: Bearer ...", --header "X-Api-Key: ..."
+_HEADER_ARG = re.compile(r"([A-Za-z0-9-]+)\s*:\s*\S")
 
 
 def _userinfo(m: re.Match) -> str:
@@ -54,6 +57,7 @@ def redact_argv(args: list[str] | tuple[str, ...]) -> list[str]:
     --name=value / -name=value   when name holds a SECRET_WORD
     --name value                 the argument after such a flag, unless it is itself an option
     NAME=value                   environment-style (`env API_KEY=... cmd`), NAME holding a SECRET_WORD
+    Name: value                  an HTTP header as one argument (`-H "Authorization: Bearer ..."`)
     scheme://user:pw@host        userinfo, in any argument
     argv[0] is only checked for URLs."""
     out: list[str] = []
@@ -75,6 +79,8 @@ def redact_argv(args: list[str] | tuple[str, ...]) -> list[str]:
                         hide_next = True
             elif eq and _ENV_NAME.match(name) and _secret_name(name):
                 arg = f"{name}={MASK}"
+            elif (h := _HEADER_ARG.match(arg)) and _secret_name(h.group(1)):
+                arg = f"{h.group(1)}: {MASK}"
         out.append(arg)
     return out
 

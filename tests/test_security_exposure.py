@@ -71,6 +71,10 @@ def shared_dir():
     (["python", "-m", "vllm", "--port", "8000", "--model", "m"], ["python", "-m", "vllm", "--port", "8000", "--model", "m"]),
     (["/usr/bin/authd", "x"], ["/usr/bin/authd", "x"]),  # argv[0] is a program, not a setting
     (["serve", "a=b=c"], ["serve", "a=b=c"]),
+    (["serve", "--url", "https://u:p@ss@host/x"], ["serve", "--url", "https://u:***@host/x"]),  # "@" in the password
+    (["curl", "-H", "Authorization: Bearer abc.def"], ["curl", "-H", "Authorization: ***"]),
+    (["curl", "--header", "X-Api-Key:k1"], ["curl", "--header", "X-Api-Key: ***"]),
+    (["curl", "-H", "Accept: text/plain"], ["curl", "-H", "Accept: text/plain"]),
     ([], []),
 ])
 def test_redact_argv_table(argv, want):
