@@ -184,7 +184,7 @@ SETTINGS: tuple[Setting, ...] = (
       " the per-uid and per-cgroup budgets. Others' markers are counted and dropped in the kernel",
       min=1, max=64, check=_users),
     S("requests.mark_cgroups", "list[str]", (),
-      "cgroup v2 paths (e.g. /system.slice/vllm.service, /kubepods.slice) whose processes, and those of"
+      "cgroup v2 paths (e.g. /system.slice/vllm.service) whose processes, and those of"
       " cgroups below, may mark requests; see requests.mark_users", min=1, max=4096, check=_cgroup_paths),
     S("requests.max_begins_per_s_per_uid", "int", 20000,
       "Most request begins per second from all processes of one uid (allowed markers exempt)",
