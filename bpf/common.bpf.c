@@ -77,9 +77,9 @@
 #define MCP_TASK_REPORT_MAX 0x100
 
 BPF_RINGBUF_OUTPUT(events, MCP_RINGBUF_PAGES);
-/* Request BEGIN/END and their reclaim stalls only: bulk records (process exits, GPU steps, kswapd,
- * health tracepoints, stalls outside requests), which any local user can cause at will, cannot
- * crowd them out of a shared buffer. */
+/* Request BEGIN/END, their reclaim stalls and the exits of marking processes only: bulk records
+ * (other process exits, GPU steps, kswapd, health tracepoints, stalls outside requests), which any
+ * local user can cause at will, cannot crowd them out of a shared buffer. */
 BPF_RINGBUF_OUTPUT(req_events, MCP_REQ_RINGBUF_PAGES);
 BPF_ARRAY(req_flow, u64, MCP_FLOW_MAX);
 BPF_HASH(req_by_tid, u32, struct mcp_req_state, MCP_MAX_THREADS);
@@ -88,11 +88,12 @@ BPF_HASH(proc_stats, u32, struct mcp_counters, MCP_MAX_PROCS);
 BPF_HASH(watch_tgid, u32, u8, MCP_MAX_PROCS);
 BPF_TABLE("lru_hash", u32, struct mcp_offcpu, offcpu_start, MCP_MAX_THREADS);
 BPF_PERCPU_ARRAY(stats, u64, MCP_STAT_MAX);
-/* LRU: owners come and go (every container is a new cgroup id); evicting one needs MCP_MAX_OWNERS
- * newer owners, which an unprivileged user, one uid without cgroup delegation, cannot make. */
 /* cgroup v2's root has id 1; MCP_ROOT_CGROUP_OWNER | uid keys a root-cgroup task's cgroup budget */
 #define MCP_ROOT_CGROUP_ID 1
 #define MCP_ROOT_CGROUP_OWNER (1ULL << 63)
+/* LRU: owners come and go (every container is a new cgroup id). Evicting one takes MCP_MAX_OWNERS
+ * newer owners; a user who can make that many uids or cgroups (subuid ranges, systemd-run --user
+ * --scope) can, which docs/SECURITY.md says: the allow lists are the control that holds then. */
 BPF_TABLE("lru_hash", struct mcp_owner_key, struct mcp_budget, budgets, MCP_MAX_OWNERS);
 BPF_HASH(mark_allow, struct mcp_owner_key, u8, 1024);  /* written by the agent at start */
 
@@ -103,13 +104,20 @@ static __always_inline void stat_inc(u32 idx)
 		(*v)++;
 }
 
-/* after each successful reserve in req_events (see enum mcp_req_flow) */
-static __always_inline void req_produced(void)
+/* A record in req_events (req) or events: counted as produced in req_flow (enum mcp_req_flow: the
+ * reader's lag) or as lost in the ring's own stat. */
+static __always_inline void *rb_reserve(int req, u32 size)
 {
-	u32 k = MCP_FLOW_PRODUCED;
-	u64 *v = req_flow.lookup(&k);
-	if (v)
-		__sync_fetch_and_add(v, 1);
+	void *e = req ? req_events.ringbuf_reserve(size) : events.ringbuf_reserve(size);
+	if (!e) {
+		stat_inc(req ? MCP_STAT_RB_REQ_LOST : MCP_STAT_RB_LOST);
+	} else if (req) {
+		u32 k = MCP_FLOW_PRODUCED;
+		u64 *v = req_flow.lookup(&k);
+		if (v)
+			__sync_fetch_and_add(v, 1);
+	}
+	return e;
 }
 
 static __always_inline int reader_behind(void)

@@ -93,14 +93,9 @@ static __always_inline int reclaim_end(u32 kind, u64 nr_reclaimed)
 	if (d < MCP_STALL_THRESHOLD_NS)
 		return 0;
 	/* a request's stalls travel with its BEGIN and END, so that they reach the joiner before its END */
-	struct mcp_ev_reclaim_stall *e = request_id ? req_events.ringbuf_reserve(sizeof(*e))
-						    : events.ringbuf_reserve(sizeof(*e));
-	if (!e) {
-		stat_inc(request_id ? MCP_STAT_RB_REQ_LOST : MCP_STAT_RB_LOST);
+	struct mcp_ev_reclaim_stall *e = rb_reserve(request_id != 0, sizeof(*e));
+	if (!e)
 		return 0;
-	}
-	if (request_id)
-		req_produced();
 	fill_hdr(&e->h, MCP_EV_RECLAIM_STALL, sizeof(*e), pid_tgid, now);
 	e->begin_ns = s.ts_ns;
 	e->nr_reclaimed = nr_reclaimed;

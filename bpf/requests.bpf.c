@@ -10,12 +10,9 @@
 
 static __always_inline void emit_end(u64 pid_tgid, u64 now, struct mcp_req_state *st, u32 reason)
 {
-	struct mcp_ev_req_end *e = req_events.ringbuf_reserve(sizeof(*e));
-	if (!e) {
-		stat_inc(MCP_STAT_RB_REQ_LOST);
+	struct mcp_ev_req_end *e = rb_reserve(1, sizeof(*e));
+	if (!e)
 		return;
-	}
-	req_produced();
 	fill_hdr(&e->h, MCP_EV_REQ_END, sizeof(*e), pid_tgid, now);
 	e->request_id = st->request_id;
 	e->begin_ns = st->begin_ns;
@@ -233,12 +230,9 @@ static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
 	u8 one = 1;
 	watch_tgid.update(&tgid, &one);
 
-	struct mcp_ev_req_begin *e = req_events.ringbuf_reserve(sizeof(*e));
-	if (!e) {
-		stat_inc(MCP_STAT_RB_REQ_LOST);
+	struct mcp_ev_req_begin *e = rb_reserve(1, sizeof(*e));
+	if (!e)
 		return 0;
-	}
-	req_produced();
 	fill_hdr(&e->h, MCP_EV_REQ_BEGIN, sizeof(*e), pid_tgid, now);
 	e->request_id = m->request_id;
 	__builtin_memcpy(e->traceparent, m->traceparent, MCP_TRACEPARENT_LEN);
@@ -382,15 +376,11 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	if (c) {
 		/* A process that marked requests: its exit goes in the ring its BEGIN and END records went
 		 * in, so that the reader sees them in the order they happened (two rings have no order). */
-		struct mcp_ev_proc_exit *e = ts ? req_events.ringbuf_reserve(sizeof(*e)) : events.ringbuf_reserve(sizeof(*e));
+		struct mcp_ev_proc_exit *e = rb_reserve(ts != 0, sizeof(*e));
 		if (e) {
-			if (ts)
-				req_produced();
 			fill_hdr(&e->h, MCP_EV_PROC_EXIT, sizeof(*e), pid_tgid, now);
 			e->c = *c;
 			bpf_ringbuf_submit(e, 0);
-		} else {
-			stat_inc(ts ? MCP_STAT_RB_REQ_LOST : MCP_STAT_RB_LOST);
 		}
 		proc_stats.delete(&tgid);
 	}
