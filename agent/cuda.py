@@ -594,9 +594,9 @@ class CudaProbes:
         return fd
 
     def _resolve(self, pid: int, m: Mapping) -> str | None:
-        """A path to the mapped file that outlives pid where possible: the agent's own view of the path
-        when it is the same file (the host's libcuda), else through the process's root, else map_files
-        (a deleted file, or overlayfs showing another inode). Raises libtrust.Untrusted for a file that
+        """A path to the mapped file, to check and then _pin: the agent's own view of the path when it
+        is the same file (the host's libcuda), else through the process's root, else map_files (a
+        deleted file, or overlayfs showing another inode). Raises libtrust.Untrusted for a file that
         a user other than root could have written (agent/libtrust.py)."""
         if not m.deleted:
             for root in ("/", f"{self.proc}/{pid}/root"):
@@ -894,14 +894,9 @@ class CudaProbes:
             self.attach_s = 0.8 * self.attach_s + 0.2 * (st.on_since - t0)
             return True
         except Exception as e:
-            # the path may have gone with the process it was reached through: another one's, or drop it
+            # the path is our fd of the file (_pin): it cannot go with a process; no process mapping
+            # the library any more means drop it
             alive = [p for p in lib_.pids if os.path.exists(f"{self.proc}/{p}")]
-            for p in alive:
-                path = self._resolve(p, Mapping(lib_.start, lib_.key[:2], lib_.key[2], lib_.shown, False))
-                if path and lib_.fd < 0:
-                    lib_.fd = self._pin(path, lib_.key)
-                    lib_.path = f"/proc/self/fd/{lib_.fd}"
-                    return self._attach_timed(lib_, st)
             if not alive:
                 self._dead.add(lib_.key)  # the finder detaches the rest
             else:

@@ -88,9 +88,9 @@ def parse_headers(text: str) -> dict[str, str]:
 ENV_HEADER_VARS = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
                    "OTEL_EXPORTER_OTLP_METRICS_HEADERS")
 _ENV_KEY = r"[\x21\x23-\x27\x2a\x2b\x2d\x2e\x30-\x39\x41-\x5a\x5e-\x7a\x7c\x7e]+"
+_ENV_VALUE = r"[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*"
 _ENV_KEY_RE = re.compile(_ENV_KEY + r"\Z")
-_ENV_VALUE_RE = re.compile(r"[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*\Z")
-_ENV_PAIR = re.compile(rf"[ \t]*{_ENV_KEY}[ \t]*=[ \t]*[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*[ \t]*\Z")
+_ENV_PAIR = re.compile(rf"[ \t]*{_ENV_KEY}[ \t]*=[ \t]*{_ENV_VALUE}[ \t]*\Z")
 _ENV_DELIMITER = re.compile(r"[ \t]*,[ \t]*")
 
 

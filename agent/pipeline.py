@@ -584,16 +584,16 @@ class Agent:
         if want is before or b is None:
             return False
         table = b[b"watch_tgid"]
-        for pid in set(want):
+        follow = set()
+        for pid in want:
             try:
                 table[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+                follow.add(pid)
             except Exception as e:  # noqa: BLE001 -- watch_tgid full (E2BIG): counted, the rest still go in
                 self._survived("watch_map_full", e)
-                want = want - {pid}
         # A process that exited between the /proc walk and this write got an entry after its exit
         # had cleared it in the kernel: nothing else would remove it. Each refresh removes ours of
         # processes now gone (zombies included) and keeps following the rest.
-        follow = set(want)
         for pid in self._watch_written - follow:
             if self._pid_gone(pid):
                 table.pop(ctypes.c_uint32(pid), None)
