@@ -27,7 +27,7 @@ def _fail(msg: str, code: int = 1):
 
 def _checked(config_path, overrides, env=None) -> config_mod.Config:
     """The validated config, or ConfigError (one line). Also what SIGHUP re-reads."""
-    from .probes import probe_names
+    from .core.probes import probe_names
 
     cfg = config_mod.load_config(config_path, env=env, overrides={k: v for k, v in overrides.items()})
     unknown = [n for n in cfg.probes_disable if n not in probe_names()]
@@ -145,7 +145,7 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, strict, 
     if show_config:
         click.echo("\n".join(config_mod.describe(cfg)))
         return
-    from .pipeline import StartError
+    from .core.agent import StartError
     from .sdnotify import Notifier
 
     if os.geteuid() != 0:
@@ -239,7 +239,7 @@ def _start_agent(cfg, progress, echo, reloads):
     """Start an Agent for cfg, print what it attached, serve the control socket. StartError on failure."""
     from .control import serve
     from .exporters.jsonl import UnsafeFileError, check_jsonl_path
-    from .pipeline import Agent, StartError
+    from .core.agent import Agent, StartError
 
     if cfg.export_jsonl_path:
         try:  # refused here, one line, before any probe loads; later (rotation) it is counted instead
@@ -295,7 +295,7 @@ def _reload(agent, ctl, config_path, overrides, env0, progress, echo, notifier, 
     """SIGHUP: re-read the config (same --config, environment and flags). Invalid: keep running as is.
     Valid: stop this Agent (drain, detach, flush) and start a new one with it; if that fails, start
     one with the previous config again. Returns the (agent, control server) now running."""
-    from .pipeline import StartError
+    from .core.agent import StartError
 
     notifier.reloading()
     try:
@@ -338,9 +338,9 @@ def probes(config_path, dump):
     missing: this is the question, not the verdict (`run --strict` is the verdict).
     """
     cfg = _load(config_path, {})
-    from . import loader, probes as probes_mod
-    from .kernel import TRACEFS
-    from .pipeline import StartError, bpf_settings, prepare_kernel
+    from .core import loader, probes as probes_mod
+    from .core.kernel import TRACEFS
+    from .core.agent import StartError, bpf_settings, prepare_kernel
 
     if dump:
         # tracefs is root-only and may not be mounted yet: a tracepoint we cannot see from here is
@@ -361,7 +361,7 @@ def probes(config_path, dump):
     progress.clear()
     cuda_report = None
     if loaded:
-        from . import cuda
+        from .cuda import capability as cuda
 
         # which libcuda files are mapped now and which symbols they export: found, not attached
         cuda_report = cuda.probe_report(loaded[0].bpf, plan)

@@ -29,7 +29,7 @@ import time
 from collections import Counter
 
 from . import __version__
-from .snapshot import Snapshot
+from .telemetry.snapshot import Snapshot
 
 log = logging.getLogger("mcp_hostagent")
 

@@ -20,7 +20,7 @@ import ctypes
 import random
 from typing import Iterator
 
-from .records import C, Mark
+from .core.records import C, Mark
 
 MARK_CMD = C["MCP_MARK_CMD"]
 

@@ -26,8 +26,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .identity import sanitize_text
-from .snapshot import GpuView, ProcView, RequestView, Snapshot
+from .core.identity import sanitize_text
+from .telemetry.snapshot import GpuView, ProcView, RequestView, Snapshot
 
 Segment = tuple[str, str | None]  # (text, style); styles: title head sel warn dim ok
 Line = list[Segment]
@@ -607,7 +607,7 @@ class LocalSource:
         from .exporters import Exporters, ExportStats
         from .exporters.counting import CountingSpanExporter, MultiSpanExporter
 
-        from .pipeline import Agent, StartError
+        from .core.agent import Agent, StartError
 
         stats = ExportStats()
         exporters = Exporters(CountingSpanExporter(MultiSpanExporter([]), stats), [], stats,

@@ -43,7 +43,8 @@ def main() -> int:
     ap.add_argument("--watch", default=None, help="process.watch (default: the agent's default)")
     ap.add_argument("--profile")
     a = ap.parse_args()
-    from mcp_hostagent import control, cuda as cuda_mod
+    from mcp_hostagent import control
+    from mcp_hostagent.cuda import capability as cuda_mod
 
     ag = c.ToggledAgent(a.watch)
     profs: dict[str, cProfile.Profile] = {}

@@ -95,7 +95,7 @@ class ToggledAgent:
 
     def __init__(self, watch: str | None = "all", overrides: dict | None = None):
         from mcp_hostagent.config import load_config
-        from mcp_hostagent.pipeline import Agent
+        from mcp_hostagent.core.agent import Agent
 
         self._dir = tempfile.mkdtemp(prefix="mcp-bench-")
         ov = {"export.jsonl_path": os.path.join(self._dir, "telemetry.jsonl"), "status.enabled": False,

@@ -81,7 +81,9 @@ class Driver:
 
 def load_cuda_unit():
     """The agent's unit with only the CUDA probes, as the agent compiles it."""
-    from mcp_hostagent import kernel, loader, probes
+    from mcp_hostagent.core import kernel
+    from mcp_hostagent.core import loader
+    from mcp_hostagent.core import probes
 
     kernel.ensure_tracefs()
     hc = kernel.find_kernel_headers()
@@ -104,7 +106,8 @@ def main(argv=None) -> int:
     c.ensure_project_python()
     from bcc import BPF
 
-    from mcp_hostagent import cuda, uprobes
+    from mcp_hostagent.cuda import capability as cuda
+    from mcp_hostagent.cuda import uprobes
 
     rounds = a.rounds or (3 if a.quick else 8)
     call_ms = 200 if a.quick else 400

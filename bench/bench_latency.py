@@ -109,7 +109,7 @@ def span_arrivals(rx) -> dict[int, int]:
 
 def schedule_settings() -> dict:
     """The batch span processor's settings the agent uses, as its code defines them."""
-    from mcp_hostagent import telemetry
+    from mcp_hostagent.telemetry import otel as telemetry
 
     from mcp_hostagent.exporters.counting import CountingBatchSpanProcessor
 

@@ -148,7 +148,7 @@ def steps(rec: dict, t_spawn: int, t_ready: int, t_term: int, t_stopping: int | 
 
 def import_times(n: int = 10) -> list[tuple[str, float]]:
     """The largest top-level imports of the agent (cumulative ms, python -X importtime)."""
-    code = "import mcp_hostagent.cli, mcp_hostagent.pipeline, bcc"
+    code = "import mcp_hostagent.cli, mcp_hostagent.core.agent, bcc"
     r = subprocess.run([c.agent_python(), "-X", "importtime", "-c", code], capture_output=True, text=True,
                        cwd=str(c.REPO))
     top = []

@@ -16,14 +16,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from .console import ConsoleSpanExporter
-from .counting import (
-    CountingBatchSpanProcessor,
-    CountingMetricExporter,
-    CountingSpanExporter,
-    ExportStats,
-    MultiSpanExporter,
-    install_export_error_filters,
-)
+from .counting import CountingBatchSpanProcessor, CountingMetricExporter, CountingSpanExporter, ExportStats, MultiSpanExporter, install_export_error_filters
 from .jsonl import JsonlMetricExporter, JsonlSpanExporter, JsonlWriter
 from .otlp import otlp_metric_exporter, otlp_span_exporter
 from ..redact import redact_url

@@ -4,12 +4,20 @@ when CI=true a missing facility fails the BPF tests instead of skipping them."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 IN_CI = os.environ.get("CI") == "true"
+
+# Tests live beside their capability (tests/requests/, tests/cuda/, ...) and share helpers across
+# folders (the marked child, the stand-in libcuda's driver, the real CLI's agent): every folder is
+# importable by module name, whatever the collection order.
+sys.path[:0] = [str(d) for d in sorted(Path(__file__).parent.iterdir())
+                if d.is_dir() and any(d.glob("test_*.py")) and str(d) not in sys.path]
 
 
 def bpf_unavailable_reason() -> str | None:
@@ -19,7 +27,7 @@ def bpf_unavailable_reason() -> str | None:
         import bcc  # noqa: F401
     except ImportError as e:
         return f"bcc not importable ({e}); run scripts/setup.sh"
-    from mcp_hostagent import kernel
+    from mcp_hostagent.core import kernel
 
     try:
         kernel.ensure_tracefs()
@@ -47,7 +55,7 @@ class RunningAgent:
         from mcp_hostagent.config import load_config
         from mcp_hostagent.exporters import Exporters
         from mcp_hostagent.exporters.counting import CountingSpanExporter, ExportStats
-        from mcp_hostagent.pipeline import Agent
+        from mcp_hostagent.core.agent import Agent
 
         base = {"export.jsonl_path": "", "status.enabled": False, "process.watch": "marked",
                 "status.interval_s": 0.2}

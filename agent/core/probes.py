@@ -1,0 +1,173 @@
+"""The probe table: every BPF hook the agent can attach, and what became of each on this host.
+
+A probe is one tracepoint program in one BPF source. Before compiling, each probe is checked against
+tracefs (bcc cannot compile a TRACEPOINT_PROBE whose format file is absent; a "tracepoint_raw" probe
+compiles anywhere but has nothing to attach to, and says why from pcie.MISSING_WHY); a probe that is
+disabled, absent or fails to attach is reported with a reason and a hint, and the rest run
+(`--strict` makes any miss fatal). Adding a probe is one row here and one #if block in its .c file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .kernel import tracepoint_exists
+from ..pcie.links import MISSING_WHY
+
+ATTACHED, MISSING, DISABLED = "attached", "missing", "disabled"
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    name: str
+    tracepoint: str  # "category:event" (the hook, for other kinds: what it attaches to)
+    program: str  # BPF source under bpf/ holding its #if MCP_PROBE_<NAME> block
+    provides: str
+    hint: str
+    # the loader attaches "tracepoint" (bcc TRACEPOINT_PROBE) and "tracepoint_raw" (a plain function
+    # that copies the record, decoded with the run-time format); other kinds are attached by their module
+    kind: str = "tracepoint"
+
+    @property
+    def macro(self) -> str:
+        return "MCP_PROBE_" + self.name.upper().replace(".", "_")
+
+    @property
+    def fn_name(self) -> str:
+        prefix = "tp_raw__" if self.kind == "tracepoint_raw" else "tracepoint__"
+        return prefix + self.tracepoint.replace(":", "__")
+
+
+TRACEPOINT_KINDS = ("tracepoint", "tracepoint_raw")  # checked against tracefs, attached by the loader
+
+
+PROBES: tuple[ProbeSpec, ...] = (
+    ProbeSpec("marker", "syscalls:sys_enter_ioctl", "requests.bpf.c",
+              "request begin/end markers (per-request counters need it)",
+              "needs CONFIG_FTRACE_SYSCALLS"),
+    ProbeSpec("page_faults", "exceptions:page_fault_user", "requests.bpf.c",
+              "user page faults per request and per process",
+              "x86 kernels have it; other architectures lack exceptions:* tracepoints"),
+    ProbeSpec("sched_switch", "sched:sched_switch", "requests.bpf.c",
+              "context switches and off-CPU time per request and per process",
+              "needs tracepoints (CONFIG_TRACEPOINTS)"),
+    ProbeSpec("process_exit", "sched:sched_process_exit", "requests.bpf.c",
+              "closes requests of threads that exit inside them; frees per-process state",
+              "without it, open requests end by idle expiry only"),
+    ProbeSpec("reclaim_direct_begin", "vmscan:mm_vmscan_direct_reclaim_begin", "reclaim.bpf.c",
+              "direct reclaim stall start, per thread", "needs CONFIG_TRACEPOINTS with vmscan events"),
+    ProbeSpec("reclaim_direct_end", "vmscan:mm_vmscan_direct_reclaim_end", "reclaim.bpf.c",
+              "direct reclaim stall ns and pages per request and process", "needs vmscan events"),
+    ProbeSpec("reclaim_memcg_begin", "vmscan:mm_vmscan_memcg_reclaim_begin", "reclaim.bpf.c",
+              "memcg (cgroup limit) reclaim stall start", "needs CONFIG_MEMCG"),
+    ProbeSpec("reclaim_memcg_end", "vmscan:mm_vmscan_memcg_reclaim_end", "reclaim.bpf.c",
+              "memcg reclaim stall ns and pages per request, process and cgroup", "needs CONFIG_MEMCG"),
+    ProbeSpec("kswapd_wake", "vmscan:mm_vmscan_kswapd_wake", "reclaim.bpf.c",
+              "kswapd active intervals per NUMA node (start)", "needs vmscan events"),
+    ProbeSpec("kswapd_sleep", "vmscan:mm_vmscan_kswapd_sleep", "reclaim.bpf.c",
+              "kswapd active intervals per NUMA node (end)", "needs vmscan events"),
+    ProbeSpec("wakeup_kswapd", "vmscan:mm_vmscan_wakeup_kswapd", "reclaim.bpf.c",
+              "which tasks' allocations woke kswapd", "needs vmscan events"),
+    ProbeSpec("reclaim_shrink", "vmscan:mm_vmscan_lru_shrink_inactive", "reclaim.bpf.c",
+              "pages scanned/reclaimed by kswapd, direct and memcg reclaim (cf. /proc/vmstat)",
+              "needs vmscan events"),
+    # CUDA driver and NVIDIA ioctls (cuda.bpf.c): uprobes per libcuda inode and the two tracepoint
+    # programs named apart from requests.bpf.c's are attached by agent/cuda.py, symbol by symbol.
+    ProbeSpec("cuda_launch", "uprobe:libcuda:cuLaunchKernel(_ptsz),cuLaunchKernelEx(_ptsz)", "cuda.bpf.c",
+              "kernel launches by symbol, per request and process (duty-cycled within the overhead budget)",
+              "needs uprobes (CONFIG_UPROBE_EVENTS)", kind="uprobe"),
+    ProbeSpec("cuda_graph", "uprobe:libcuda:cuGraphLaunch(_ptsz)", "cuda.bpf.c",
+              "CUDA graph launches", "needs uprobes", kind="uprobe"),
+    ProbeSpec("cuda_ctx", "uprobe:libcuda:cuCtxPushCurrent(_v2),cuCtxPopCurrent(_v2),cuCtxSetCurrent", "cuda.bpf.c",
+              "context switches: count, ns, latency histogram", "needs uprobes and uretprobes", kind="uprobe"),
+    ProbeSpec("cuda_sync", "uprobe:libcuda:cuStreamSynchronize(_ptsz),cuCtxSynchronize(_v2),cuEventSynchronize",
+              "cuda.bpf.c", "sync waits: count, ns, histogram; zero-touch GPU steps",
+              "needs uprobes and uretprobes", kind="uprobe"),
+    ProbeSpec("cuda_alloc", "uprobe:libcuda:cuMemAlloc_v2,cuMemAllocAsync(_ptsz)", "cuda.bpf.c",
+              "device memory allocations: count, ns", "needs uprobes and uretprobes", kind="uprobe"),
+    ProbeSpec("cuda_free", "uprobe:libcuda:cuMemFree_v2,cuMemFreeAsync(_ptsz)", "cuda.bpf.c",
+              "device memory frees: count, ns", "needs uprobes and uretprobes", kind="uprobe"),
+    ProbeSpec("nvidia_ioctl", "syscalls:sys_enter_ioctl+sys_exit_ioctl", "cuda.bpf.c",
+              "ioctls on NVIDIA device fds: count, ns, by request code", "needs CONFIG_FTRACE_SYSCALLS",
+              kind="tracepoint_fn"),
+    ProbeSpec("cuda_exec", "sched:sched_process_exec", "cuda.bpf.c",
+              "prompt libcuda rescans of processes that exec", "without it, new libcuda inodes wait for a periodic scan"),
+    ProbeSpec("cuda_thread_exit", "sched:sched_process_exit", "cuda.bpf.c",
+              "drops pending CUDA call entries of threads that die inside a call",
+              "without it, stale entries age out by the sanity bound", kind="tracepoint_fn"),
+    # GPU and PCIe health (health.bpf.c): the record's bytes, decoded with the format tracefs gives at
+    # run time (agent/tphealth.py), since these events come and go with the driver and kernel config.
+    ProbeSpec("gpu_xid", "nvidia:nvidia_dev_xid", "health.bpf.c",
+              "Xid errors from the NVIDIA driver, by GPU and code (NVML Xid events are the fallback)",
+              "the NVIDIA driver registers it when its module loads (driver 580 has it); "
+              "start the agent after the driver", kind="tracepoint_raw"),
+    ProbeSpec("pcie_aer", "ras:aer_event", "health.bpf.c",
+              "PCIe AER errors as they are reported, into the link-episode judge (sysfs AER counters otherwise)",
+              "needs CONFIG_PCIEAER and the PCIe port driver (CONFIG_PCIEPORTBUS)", kind="tracepoint_raw"),
+    ProbeSpec("pcie_link_event", "pci:pcie_link_event", "health.bpf.c",
+              "PCIe link speed/width changes: an immediate re-poll of the link (sysfs polling otherwise)",
+              "a 2025 kernel tracepoint (include/trace/events/pci.h); older kernels rely on the poll",
+              kind="tracepoint_raw"),
+)
+
+
+def probe_names() -> list[str]:
+    return [p.name for p in PROBES]
+
+
+@dataclass
+class ProbeStatus:
+    spec: ProbeSpec
+    state: str
+    reason: str = ""
+    hint: str = ""
+
+
+@dataclass
+class ProbePlan:
+    """Which probes to compile, and the statuses of those already decided (disabled, absent)."""
+
+    statuses: dict[str, ProbeStatus] = field(default_factory=dict)
+
+    def enabled(self, program: str | None = None) -> list[ProbeSpec]:
+        return [s.spec for s in self.statuses.values()
+                if s.state == ATTACHED and (program is None or s.spec.program == program)]
+
+    def mark(self, name: str, state: str, reason: str = "", hint: str = "") -> None:
+        st = self.statuses[name]
+        st.state, st.reason, st.hint = state, reason, hint or st.hint
+
+    def missing(self) -> list[ProbeStatus]:
+        return [s for s in self.statuses.values() if s.state == MISSING]
+
+    def counts(self) -> dict[str, int]:
+        out = {ATTACHED: 0, MISSING: 0, DISABLED: 0}
+        for s in self.statuses.values():
+            out[s.state] += 1
+        return out
+
+
+def plan(disabled: list[str] | tuple[str, ...] = (), exists=tracepoint_exists) -> ProbePlan:
+    """Decide before compiling. State ATTACHED here means 'to be attached'; the loader corrects it."""
+    p = ProbePlan()
+    for spec in PROBES:
+        if spec.name in disabled:
+            p.statuses[spec.name] = ProbeStatus(spec, DISABLED, "disabled by probes.disable")
+        elif spec.kind in TRACEPOINT_KINDS and not exists(*spec.tracepoint.split(":")):
+            why = MISSING_WHY.get(spec.tracepoint.replace(":", "/"))
+            p.statuses[spec.name] = ProbeStatus(
+                spec, MISSING, why or f"tracepoint {spec.tracepoint} not in this kernel's tracefs", spec.hint)
+        else:
+            p.statuses[spec.name] = ProbeStatus(spec, ATTACHED)
+    return p
+
+
+def render_table(p: ProbePlan) -> str:
+    rows = [("PROBE", "HOOK", "STATE", "DETAIL")]
+    for s in p.statuses.values():
+        detail = s.reason or s.spec.provides
+        if s.state == MISSING and s.hint:
+            detail += f" (HINT: {s.hint})"
+        rows.append((s.spec.name, s.spec.tracepoint, s.state, detail))
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}" for r in rows)

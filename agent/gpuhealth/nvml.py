@@ -1,0 +1,712 @@
+"""GPU health from NVML: one wrapper for every call, a sampler, and an Xid event watcher.
+
+Source: libnvidia-ml through nvidia-ml-py (`pynvml`, injectable so tests pass a module that replays
+samples recorded on an H200); no BPF. The pipeline never calls NVML: it reads immutable snapshots that
+the sampler's threads publish (nvitop's habit), so a slow or hung NVML call cannot stall it.
+
+Driver facts relied on (seen on an H200, driver 580.159, tests/fixtures/gpu/):
+- nvmlDeviceGetPcieThroughput blocks ~20 ms (it samples the link for 20 ms); the other per-period calls
+  take 2 us - 0.35 ms, nvmlDeviceGetProcessUtilization ~1.5-3 ms. Throughput gets its own slower cadence.
+- nvidia-smi's memory.used is nvmlDeviceGetMemoryInfo_v2's `used`, which excludes the driver's reserved
+  memory (~615 MiB there); v1's `used` includes it. v2 first, v1 as the fallback.
+- nvmlDeviceGetProcessUtilization answers NOT_FOUND when no process ran since the timestamp given.
+- NVML utilisation is an average over the driver's last sample window (1/6 s - 1 s) before the call.
+- NVML writes PCI bus ids with an 8-digit domain ("00000000:00:06.0"); sysfs uses 4 digits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Callable, Iterable, Mapping
+
+log = logging.getLogger(__name__)
+
+NA = None  # a field NVML does not give on this GPU/driver
+
+# nvmlReturn_t values (nvml.h), so a fake module need not define them.
+NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, TIMEOUT = 3, 4, 6, 10
+LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, FUNCTION_NOT_FOUND, GPU_IS_LOST, RESET_REQUIRED = 12, 9, 13, 15, 16
+NO_DATA, ARGUMENT_VERSION_MISMATCH = 21, 25
+_NA_CODES = {NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, NO_DATA, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH}
+_SKIP_AFTER = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH, NO_PERMISSION}  # ask once per GPU
+
+# nvmlClocksEventReason* bits (nvml.h); nvidia-smi -q lists the same names under "Clocks Event Reasons".
+THROTTLE_REASONS = (
+    (0x001, "gpu_idle"), (0x002, "applications_clocks_setting"), (0x004, "sw_power_cap"),
+    (0x008, "hw_slowdown"), (0x010, "sync_boost"), (0x020, "sw_thermal_slowdown"),
+    (0x040, "hw_thermal_slowdown"), (0x080, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
+)
+XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError: eventData is the Xid number
+PCIE_TX, PCIE_RX = 0, 1  # nvmlPcieUtilCounter_t
+CLOCK_SM, CLOCK_MEM = 1, 2  # nvmlClockType_t
+MEMORY_V2 = 0x02000028  # nvmlMemory_v2: sizeof(nvmlMemory_v2_t) | 2 << 24
+
+
+def decode_throttle_reasons(mask: int | None) -> tuple[str, ...]:
+    """Clock event/throttle bitmask -> names, lowest bit first; unknown bits as "unknown_0x...".
+    0 means the clocks run unrestricted; None (NA) decodes to ()."""
+    if not mask:
+        return ()
+    names = [name for bit, name in THROTTLE_REASONS if mask & bit]
+    rest = mask & ~sum(bit for bit, _ in THROTTLE_REASONS)
+    return tuple(names + ([f"unknown_{rest:#x}"] if rest else []))
+
+
+def normalize_bdf(bus_id: str | bytes | None) -> str | None:
+    """NVML's "00000000:00:06.0", sysfs's "0000:00:06.0" or a bare "00:06.0" -> "0000:00:06.0"."""
+    if bus_id is None:
+        return None
+    if isinstance(bus_id, bytes):
+        bus_id = bus_id.decode("ascii", "replace")
+    parts = bus_id.strip().lower().split(":")
+    try:
+        if len(parts) == 3:
+            return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+        if len(parts) == 2:
+            return f"0000:{parts[0]}:{parts[1]}"
+    except ValueError:
+        pass
+    return bus_id.strip().lower()
+
+
+# --- the wrapper ---------------------------------------------------------------------------------
+
+
+class NvmlError(RuntimeError):
+    """An NVML call that failed for a reason other than "not supported here": the GPU is down."""
+
+    def __init__(self, call: str, code: int | None, text: str):
+        super().__init__(f"{call}: {text}" + (f" (NVML error {code})" if code is not None else ""))
+        self.call, self.code = call, code
+        self.lost = code in (GPU_IS_LOST, RESET_REQUIRED)
+
+
+class Nvml:
+    """Every NVML call goes through call(): lazy nvmlInit, NA for what the GPU or driver does not
+    support, "function not found" (absent in libnvidia-ml or in pynvml) logged once per function.
+    NVML absent: available is False and reason says why, and call() raises NvmlError."""
+
+    def __init__(self, module=None):
+        self._module = module
+        self._lock = threading.Lock()
+        self.available: bool | None = None  # None until the first call
+        self.reason: str | None = None
+        self.na_calls: dict[str, str] = {}  # "name[/variant]" or "name[/variant]@gpuN" -> why it reads NA
+        self._logged: set[str] = set()
+
+    @property
+    def module(self):
+        self.init()
+        return self._module
+
+    def init(self) -> bool:
+        with self._lock:
+            if self.available is not None:
+                return self.available
+            try:
+                if self._module is None:
+                    import pynvml  # nvidia-ml-py
+
+                    self._module = pynvml
+                self._module.nvmlInit()
+                self.available = True
+            except ImportError as e:
+                self.available, self.reason = False, f"nvidia-ml-py not importable ({e})"
+            except Exception as e:  # noqa: BLE001 - NVMLError and anything a broken install raises
+                code = getattr(e, "value", None)
+                hint = {LIBRARY_NOT_FOUND: "libnvidia-ml.so.1 not found: no NVIDIA driver on this host?",
+                        DRIVER_NOT_LOADED: "NVIDIA kernel driver not loaded"}.get(code, f"nvmlInit failed: {e}")
+                self.available, self.reason = False, hint
+            if not self.available:
+                log.warning("NVML unavailable: %s; GPU sampling off", self.reason)
+            return self.available
+
+    def call(self, name: str, *args, na_key: str | None = None, variant: str = ""):
+        """pynvml.<name>(*args); NA when not supported. na_key (e.g. "gpu0") scopes "not supported" so
+        that the call is skipped for that GPU from then on; variant names calls whose arguments pick
+        what is asked (a clock, a struct version), so that one unsupported variant skips only itself."""
+        if not self.init():
+            raise NvmlError(name, None, f"NVML unavailable: {self.reason}")
+        sig = f"{name}/{variant}" if variant else name
+        key = f"{sig}@{na_key}" if na_key else sig
+        if key in self.na_calls or sig in self.na_calls:
+            return NA
+        fn = getattr(self._module, name, None)
+        if fn is None:
+            return self._na(sig, "function not found in pynvml")
+        try:
+            return fn(*args)
+        except self._module.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code == FUNCTION_NOT_FOUND:
+                return self._na(sig, "function not found in libnvidia-ml")
+            if code in _NA_CODES:
+                if code in _SKIP_AFTER:
+                    self.na_calls[key] = str(e)
+                return NA
+            raise NvmlError(name, code, str(e)) from None
+
+    def raw(self, name: str, *args):
+        """pynvml.<name>(*args) where None is a valid answer: every NVML error raises NvmlError (code set)."""
+        if not self.init():
+            raise NvmlError(name, None, f"NVML unavailable: {self.reason}")
+        fn = getattr(self._module, name, None)
+        if fn is None:
+            raise NvmlError(name, FUNCTION_NOT_FOUND, "function not found in pynvml")
+        try:
+            return fn(*args)
+        except self._module.NVMLError as e:
+            raise NvmlError(name, getattr(e, "value", None), str(e)) from None
+
+    def _na(self, sig: str, why: str):
+        self.na_calls[sig] = why
+        if sig not in self._logged:
+            self._logged.add(sig)
+            log.info("NVML %s: %s; reported as NA", sig, why)
+        return NA
+
+    def call_first(self, names: Iterable[tuple[str, tuple]], na_key: str | None = None):
+        """The first of several spellings that answers (newer API first)."""
+        for name, args in names:
+            value = self.call(name, *args, na_key=na_key)
+            if value is not NA:
+                return value
+        return NA
+
+
+# --- samples -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int  # host pid, as BPF sees it
+    used_memory_bytes: int | None
+    sm_util_pct: int | None = None  # from nvmlDeviceGetProcessUtilization, when the driver gives it
+    mem_util_pct: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU at one moment. t_ns is CLOCK_MONOTONIC (bpf_ktime_get_ns's clock); utilisation is an
+    average over (window_start_ns, t_ns]; memory, clocks, link state are instantaneous at t_ns."""
+
+    index: int
+    uuid: str | None
+    pci_bus_id: str | None  # sysfs spelling, "0000:00:06.0"
+    t_ns: int
+    window_start_ns: int
+    up: bool = True
+    down_reason: str | None = None
+    util_gpu_pct: int | None = None
+    util_mem_pct: int | None = None
+    mem_used_bytes: int | None = None  # excludes driver-reserved memory, as nvidia-smi's memory.used
+    mem_total_bytes: int | None = None
+    mem_reserved_bytes: int | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    throttle_mask: int | None = None
+    throttle_reasons: tuple[str, ...] = ()
+    power_mw: int | None = None
+    temperature_c: int | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    pcie_replay_count: int | None = None
+    pcie_tx_kbytes_s: int | None = None  # slow cadence: value of the last throughput read, taken at pcie_tput_t_ns
+    pcie_rx_kbytes_s: int | None = None
+    pcie_tput_t_ns: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuAggregate:
+    """The samples of one GPU that overlap a span, folded for span attributes."""
+
+    index: int
+    uuid: str | None
+    pci_bus_id: str | None
+    samples: int
+    util_gpu_mean_pct: float | None
+    util_gpu_max_pct: int | None
+    util_mem_mean_pct: float | None
+    util_mem_max_pct: int | None
+    mem_used_max_bytes: int | None
+    sm_clock_min_mhz: int | None
+    sm_clock_max_mhz: int | None
+    mem_clock_min_mhz: int | None
+    throttle_reasons: tuple[str, ...]
+    power_max_mw: int | None
+    temperature_max_c: int | None
+    pcie_gen_min: int | None
+    pcie_width_min: int | None
+    pcie_replays: int | None  # increase of the replay counter across the samples
+    process_mem_max_bytes: int | None = None  # for the pid asked about
+    process_sm_util_mean_pct: float | None = None
+
+    def attributes(self, prefix: str = "mcp.gpu") -> dict[str, object]:
+        """Span attributes; NA fields are left out."""
+        names = {
+            "index": self.index, "uuid": self.uuid, "pci_bus_id": self.pci_bus_id, "samples": self.samples,
+            "util.mean_pct": self.util_gpu_mean_pct, "util.max_pct": self.util_gpu_max_pct,
+            "mem_util.mean_pct": self.util_mem_mean_pct, "mem_util.max_pct": self.util_mem_max_pct,
+            "memory.used_max_bytes": self.mem_used_max_bytes, "sm_clock.min_mhz": self.sm_clock_min_mhz,
+            "sm_clock.max_mhz": self.sm_clock_max_mhz, "mem_clock.min_mhz": self.mem_clock_min_mhz,
+            "throttle_reasons": list(self.throttle_reasons) or None, "power.max_mw": self.power_max_mw,
+            "temperature.max_c": self.temperature_max_c, "pcie.gen_min": self.pcie_gen_min,
+            "pcie.width_min": self.pcie_width_min, "pcie.replays": self.pcie_replays,
+            "process.memory.max_bytes": self.process_mem_max_bytes,
+            "process.sm_util.mean_pct": self.process_sm_util_mean_pct,
+        }
+        return {f"{prefix}.{k}": v for k, v in names.items() if v is not None}
+
+
+def _vals(samples, attr):
+    return [v for v in (getattr(s, attr) for s in samples) if v is not None]
+
+
+def aggregate_samples(samples: list[GpuSample], pid: int | None = None) -> GpuAggregate | None:
+    """Fold the up samples of one GPU (oldest first). Pure."""
+    samples = [s for s in samples if s.up]
+    if not samples:
+        return None
+    mean = lambda xs: round(sum(xs) / len(xs), 2) if xs else None  # noqa: E731
+    opt = lambda f, xs: f(xs) if xs else None  # noqa: E731
+    replays = _vals(samples, "pcie_replay_count")
+    reasons: dict[str, None] = {}
+    for s in samples:
+        reasons.update(dict.fromkeys(s.throttle_reasons))
+    procs = [p for s in samples for p in s.processes if p.pid == pid] if pid is not None else []
+    last = samples[-1]
+    util, mem_util = _vals(samples, "util_gpu_pct"), _vals(samples, "util_mem_pct")
+    sm_clock = _vals(samples, "sm_clock_mhz")
+    return GpuAggregate(
+        index=last.index, uuid=last.uuid, pci_bus_id=last.pci_bus_id, samples=len(samples),
+        util_gpu_mean_pct=mean(util), util_gpu_max_pct=opt(max, util),
+        util_mem_mean_pct=mean(mem_util), util_mem_max_pct=opt(max, mem_util),
+        mem_used_max_bytes=opt(max, _vals(samples, "mem_used_bytes")),
+        sm_clock_min_mhz=opt(min, sm_clock), sm_clock_max_mhz=opt(max, sm_clock),
+        mem_clock_min_mhz=opt(min, _vals(samples, "mem_clock_mhz")), throttle_reasons=tuple(reasons),
+        power_max_mw=opt(max, _vals(samples, "power_mw")), temperature_max_c=opt(max, _vals(samples, "temperature_c")),
+        pcie_gen_min=opt(min, _vals(samples, "pcie_gen")), pcie_width_min=opt(min, _vals(samples, "pcie_width")),
+        pcie_replays=replays[-1] - replays[0] if len(replays) > 1 else None,
+        process_mem_max_bytes=opt(max, _vals(procs, "used_memory_bytes")),
+        process_sm_util_mean_pct=mean(_vals(procs, "sm_util_pct")),
+    )
+
+
+# --- one GPU -------------------------------------------------------------------------------------
+
+
+class _Gpu:
+    """One GPU's handle and sampling state; used only by its own worker thread (plus the watchdog's
+    reads of busy_since/in_call)."""
+
+    def __init__(self, nvml: Nvml, index: int):
+        self.nvml, self.index = nvml, index
+        self.key = f"gpu{index}"
+        self.handle = None
+        self.uuid: str | None = None
+        self.pci_bus_id: str | None = None
+        self.gen_max = self.width_max = None
+        self.last_t_ns: int | None = None
+        self.last_proc_ts_us = 0
+        self.tput: tuple[int | None, int | None, int | None] = (None, None, None)
+        self.busy_since: int | None = None  # monotonic ns when the current NVML round started
+        self.in_call = ""
+
+    def q(self, name: str, *args, variant: str = ""):
+        self.in_call = name
+        return self.nvml.call(name, self.handle, *args, na_key=self.key, variant=variant)
+
+    def open(self) -> None:
+        """(Re)acquire the handle, by UUID when known so a re-enumeration cannot swap GPUs."""
+        self.in_call = "nvmlDeviceGetHandleByIndex"
+        if self.uuid:
+            self.in_call = "nvmlDeviceGetHandleByUUID"
+            self.handle = self.nvml.call("nvmlDeviceGetHandleByUUID", self.uuid)
+        else:
+            self.handle = self.nvml.call("nvmlDeviceGetHandleByIndex", self.index)
+        if self.handle is NA:
+            raise NvmlError(self.in_call, None, "no handle")
+        uuid = self.q("nvmlDeviceGetUUID")
+        self.uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        pci = self.q("nvmlDeviceGetPciInfo")
+        self.pci_bus_id = normalize_bdf(getattr(pci, "busId", None)) if pci is not NA else None
+        self.gen_max = self.q("nvmlDeviceGetMaxPcieLinkGeneration")
+        self.width_max = self.q("nvmlDeviceGetMaxPcieLinkWidth")
+
+    def sample(self, t_ns: int, period_ns: int, process_util: bool) -> GpuSample:
+        nv = self.nvml
+        util = self.q("nvmlDeviceGetUtilizationRates")
+        mem = self.q("nvmlDeviceGetMemoryInfo", getattr(nv.module, "nvmlMemory_v2", MEMORY_V2), variant="v2")
+        reserved = getattr(mem, "reserved", None) if mem is not NA else None
+        if mem is NA:
+            mem = self.q("nvmlDeviceGetMemoryInfo")  # v1: used includes the reserved memory
+        mask = nv.call_first((("nvmlDeviceGetCurrentClocksEventReasons", (self.handle,)),
+                              ("nvmlDeviceGetCurrentClocksThrottleReasons", (self.handle,))), na_key=self.key)
+        procs = self.q("nvmlDeviceGetComputeRunningProcesses") or []
+        putil = {}
+        if process_util and procs:
+            for s in self.q("nvmlDeviceGetProcessUtilization", self.last_proc_ts_us) or []:
+                self.last_proc_ts_us = max(self.last_proc_ts_us, s.timeStamp)
+                if s.pid not in putil or s.timeStamp >= putil[s.pid].timeStamp:
+                    putil[s.pid] = s
+        processes = tuple(sorted((GpuProcess(
+            pid=p.pid, used_memory_bytes=p.usedGpuMemory,
+            sm_util_pct=_pct(getattr(putil.get(p.pid), "smUtil", None)),
+            mem_util_pct=_pct(getattr(putil.get(p.pid), "memUtil", None))) for p in procs), key=lambda p: p.pid))
+        tx, rx, tput_t = self.tput
+        sample = GpuSample(
+            index=self.index, uuid=self.uuid, pci_bus_id=self.pci_bus_id, t_ns=t_ns,
+            window_start_ns=self.last_t_ns if self.last_t_ns is not None else t_ns - period_ns,
+            util_gpu_pct=getattr(util, "gpu", None), util_mem_pct=getattr(util, "memory", None),
+            mem_used_bytes=getattr(mem, "used", None), mem_total_bytes=getattr(mem, "total", None),
+            mem_reserved_bytes=reserved,
+            sm_clock_mhz=self.q("nvmlDeviceGetClockInfo", CLOCK_SM, variant="sm"),
+            mem_clock_mhz=self.q("nvmlDeviceGetClockInfo", CLOCK_MEM, variant="mem"),
+            throttle_mask=mask, throttle_reasons=decode_throttle_reasons(mask),
+            power_mw=self.q("nvmlDeviceGetPowerUsage"), temperature_c=self.q("nvmlDeviceGetTemperature", 0),
+            pcie_gen=self.q("nvmlDeviceGetCurrPcieLinkGeneration"), pcie_gen_max=self.gen_max,
+            pcie_width=self.q("nvmlDeviceGetCurrPcieLinkWidth"), pcie_width_max=self.width_max,
+            pcie_replay_count=self.q("nvmlDeviceGetPcieReplayCounter"),
+            pcie_tx_kbytes_s=tx, pcie_rx_kbytes_s=rx, pcie_tput_t_ns=tput_t, processes=processes,
+        )
+        self.last_t_ns = t_ns
+        return sample
+
+    def sample_slow(self, t_ns: int) -> None:
+        self.tput = (self.q("nvmlDeviceGetPcieThroughput", PCIE_TX, variant="tx"),
+                     self.q("nvmlDeviceGetPcieThroughput", PCIE_RX, variant="rx"), t_ns)
+
+
+def _pct(v):
+    return None if v is None or v > 100 else v  # NVML_VALUE_NOT_AVAILABLE (0xffffffff) -> NA
+
+
+# --- the sampler ---------------------------------------------------------------------------------
+
+
+class NvmlSampler:
+    """A worker thread per GPU samples every period_s (PCIe throughput every slow_period_s, after the
+    fast sample so it never delays it); a watchdog thread marks a GPU down when its NVML round runs past
+    call_timeout_s. A GPU down (lost, hung, failing) is retried with exponential backoff; the others go
+    on. Readers get immutable GpuSamples: snapshot(), samples_between(), aggregate()."""
+
+    def __init__(self, module=None, *, nvml: Nvml | None = None, period_s: float = 1.0, slow_period_s: float = 10.0,
+                 call_timeout_s: float = 2.0, history: int = 900, backoff_initial_s: float = 1.0,
+                 backoff_max_s: float = 60.0, process_util: bool = True, clock: Callable[[], int] = time.monotonic_ns):
+        self.nvml = nvml or Nvml(module)
+        self.period_ns = int(period_s * 1e9)
+        self.slow_period_ns = int(slow_period_s * 1e9) if slow_period_s > 0 else 0
+        self.timeout_ns = int(call_timeout_s * 1e9)
+        self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
+        self.process_util = process_util
+        self._clock = clock
+        self._history_len = history
+        self._lock = threading.Lock()
+        self._latest: Mapping[int, GpuSample] = MappingProxyType({})
+        self._history: dict[int, deque[GpuSample]] = {}
+        self._gpus: dict[int, _Gpu] = {}
+        self._down_gen: dict[int, int] = {}  # bumped by the watchdog: a hung round's late result is dropped
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.rounds: dict[int, int] = {}  # completed fast rounds per GPU
+        self.reason: str | None = None
+
+    # ---- lifecycle ----
+    def _setup(self) -> bool:
+        if self._gpus:
+            return True
+        if not self.nvml.init():
+            self.reason = self.nvml.reason
+            return False
+        try:
+            count = self.nvml.call("nvmlDeviceGetCount") or 0
+        except NvmlError as e:
+            self.reason = str(e)
+            return False
+        for i in range(count):
+            self._gpus[i] = _Gpu(self.nvml, i)
+            self._history[i] = deque(maxlen=self._history_len)
+            self._down_gen[i] = 0
+            self.rounds[i] = 0
+        return True
+
+    def start(self) -> bool:
+        """False (and reason set) when NVML is absent: no thread starts, snapshot() stays empty."""
+        if not self._setup():
+            return False
+        for gpu in self._gpus.values():
+            self._threads.append(threading.Thread(target=self._worker, args=(gpu,), name=f"mcp-nvml-gpu{gpu.index}",
+                                                  daemon=True))
+        self._threads.append(threading.Thread(target=self._watchdog, name="mcp-nvml-watchdog", daemon=True))
+        for t in self._threads:
+            t.start()
+        return True
+
+    def stop(self, timeout_s: float = 2.0) -> bool:
+        """True when every thread ended within timeout_s (a thread stuck in NVML is abandoned: daemon)."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def sample_once(self) -> Mapping[int, GpuSample]:
+        """One round over every GPU in the caller's thread, slow calls included (tests, a doctor
+        command). Not to be mixed with start()."""
+        if self._setup():
+            for gpu in self._gpus.values():
+                self._round(gpu, self._clock(), slow=bool(self.slow_period_ns))
+        return self._latest
+
+    @property
+    def available(self) -> bool:
+        return bool(self.nvml.available)
+
+    # ---- readers ----
+    def snapshot(self) -> Mapping[int, GpuSample]:
+        """gpu index -> latest GpuSample (up or down): an immutable mapping, replaced, never mutated."""
+        return self._latest
+
+    def samples_between(self, gpu: int, t0_ns: int, t1_ns: int) -> list[GpuSample]:
+        """Up samples of one GPU whose window (window_start_ns, t_ns] overlaps [t0_ns, t1_ns], oldest first.
+        A span shorter than a period still gets the sample whose window holds it, once that exists."""
+        with self._lock:
+            hist = list(self._history.get(gpu, ()))
+        return [s for s in hist if s.t_ns >= t0_ns and s.window_start_ns < t1_ns]
+
+    def aggregate(self, gpu: int, t0_ns: int, t1_ns: int, pid: int | None = None) -> GpuAggregate | None:
+        return aggregate_samples(self.samples_between(gpu, t0_ns, t1_ns), pid)
+
+    def gpus_for_pid(self, pid: int) -> list[int]:
+        """GPUs where NVML lists pid as a compute process (the join key for request spans)."""
+        return sorted(i for i, s in self._latest.items() if any(p.pid == pid for p in s.processes))
+
+    def gpu_status(self) -> dict[int, tuple[str, str | None]]:
+        return {i: ("up" if s.up else "down", s.down_reason) for i, s in self._latest.items()}
+
+    # ---- threads ----
+    def _publish(self, sample: GpuSample, history: bool) -> None:
+        with self._lock:
+            latest = dict(self._latest)
+            latest[sample.index] = sample
+            self._latest = MappingProxyType(latest)
+            if history:
+                self._history[sample.index].append(sample)
+
+    def _down(self, gpu: _Gpu, reason: str, t_ns: int) -> None:
+        prev = self._latest.get(gpu.index)
+        if prev is not None and not prev.up and prev.down_reason == reason:
+            return
+        log.warning("GPU %d (%s) down: %s", gpu.index, gpu.pci_bus_id or "?", reason)
+        self._publish(GpuSample(gpu.index, gpu.uuid, gpu.pci_bus_id, t_ns, t_ns, up=False, down_reason=reason), False)
+
+    def _round(self, gpu: _Gpu, t_ns: int, slow: bool) -> bool:
+        """One sampling round of one GPU; False when it is (or has just been marked) down."""
+        gen = self._down_gen[gpu.index]
+        gpu.busy_since = t_ns
+        reason = None
+        try:
+            if gpu.handle is None:
+                gpu.open()
+            sample = gpu.sample(t_ns, self.period_ns, self.process_util)
+        except NvmlError as e:
+            reason = f"{'lost' if e.lost else 'failed'}: {e}"
+        except Exception as e:  # noqa: BLE001 - a broken binding must not kill the thread
+            reason = f"failed: {gpu.in_call}: {e!r}"
+        gpu.busy_since = None
+        if reason or gen != self._down_gen[gpu.index]:  # failed, or the watchdog gave up on this round
+            if reason:
+                self._down(gpu, reason, t_ns)
+            gpu.handle, gpu.last_t_ns = None, None
+            return False
+        self._publish(sample, True)
+        self.rounds[gpu.index] += 1
+        if slow:
+            gpu.busy_since = self._clock()
+            try:
+                gpu.sample_slow(gpu.busy_since)
+                if gen == self._down_gen[gpu.index]:
+                    tx, rx, tt = gpu.tput
+                    self._publish(replace(sample, pcie_tx_kbytes_s=tx, pcie_rx_kbytes_s=rx, pcie_tput_t_ns=tt), False)
+            except Exception as e:  # noqa: BLE001 - throughput is optional; the GPU stays up
+                gpu.tput = (None, None, None)
+                log.debug("GPU %d throughput: %s", gpu.index, e)
+            gpu.busy_since = None
+        return True
+
+    def _worker(self, gpu: _Gpu) -> None:
+        backoff = 0.0
+        next_ns = next_slow_ns = self._clock()
+        while not self._stop.is_set():
+            t_ns = self._clock()
+            slow = bool(self.slow_period_ns) and t_ns >= next_slow_ns
+            if self._round(gpu, t_ns, slow):
+                if slow:
+                    next_slow_ns = t_ns + self.slow_period_ns
+                backoff = 0.0
+                next_ns += self.period_ns
+                now = self._clock()
+                if next_ns <= now:  # overran (or slept through) whole periods: keep the phase, skip the missed
+                    next_ns += ((now - next_ns) // self.period_ns + 1) * self.period_ns
+            else:
+                backoff = min(self.backoff_max_s, backoff * 2 if backoff else self.backoff_initial_s)
+                next_ns = self._clock() + int(backoff * 1e9)
+            self._stop.wait(max(0.0, (next_ns - self._clock()) / 1e9))
+
+    def _watchdog(self) -> None:
+        tick = min(self.timeout_ns, self.period_ns) / 4e9
+        while not self._stop.wait(tick):
+            now = self._clock()
+            for gpu in self._gpus.values():
+                since = gpu.busy_since
+                if since is not None and now - since > self.timeout_ns:
+                    gen = self._down_gen[gpu.index]
+                    self._down_gen[gpu.index] = gen + 1
+                    gpu.busy_since = None  # reported once; the worker re-arms it when the call returns
+                    self._down(gpu, f"hung: {gpu.in_call} did not return within {self.timeout_ns / 1e9:g} s", now)
+
+
+# --- Xid events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    t_ns: int  # CLOCK_MONOTONIC when NVML delivered it
+    gpu_index: int | None
+    uuid: str | None
+    pci_bus_id: str | None
+    xid: int
+    source: str = "nvml"  # nvml | bpf (the nvidia:nvidia_dev_xid tracepoint, agent/tphealth.py)
+    msg: str | None = None  # the driver's text (tracepoint only)
+    pid: int | None = None  # the faulting process, where the driver's text names it
+
+
+class XidWatcher:
+    """NVML Xid events (nvmlEventTypeXidCriticalError) on their own thread: nvmlEventSetWait blocks up
+    to wait_ms, so stop() returns within about that. Degrades with a reason where the driver cannot
+    deliver them. Where the driver has the nvidia:nvidia_dev_xid tracepoint, the agent's gpu_xid BPF
+    probe delivers Xids (with the driver's text) and this watcher is not started: it is the fallback.
+    An H200 on driver 580 delivered a deliberate Xid 31 through both."""
+
+    def __init__(self, module=None, *, nvml: Nvml | None = None, wait_ms: int = 500, max_events: int = 1024,
+                 on_event: Callable[[XidEvent], None] | None = None, clock: Callable[[], int] = time.monotonic_ns):
+        self.nvml = nvml or Nvml(module)
+        self.wait_ms = wait_ms
+        self.on_event = on_event
+        self._clock = clock
+        self._events: deque[XidEvent] = deque(maxlen=max_events)
+        self.counts: dict[int, int] = {}  # xid -> count, for mcp.gpu.xid metrics
+        self.state = "stopped"
+        self.reason: str | None = None
+        self.unregistered: dict[int, str] = {}  # gpu index -> why it gets no Xid events
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._set = None
+        self._handles: list[tuple[int, object, str | None, str | None]] = []
+
+    def start(self) -> bool:
+        if not self.nvml.init():
+            self.state, self.reason = "degraded", self.nvml.reason
+            return False
+        try:
+            self._set = self.nvml.raw("nvmlEventSetCreate")
+            for i in range(self.nvml.call("nvmlDeviceGetCount") or 0):
+                h = self.nvml.call("nvmlDeviceGetHandleByIndex", i)
+                supported = self.nvml.call("nvmlDeviceGetSupportedEventTypes", h, na_key=f"gpu{i}")
+                if supported is not NA and not supported & XID_EVENT:
+                    self.unregistered[i] = "Xid events not in nvmlDeviceGetSupportedEventTypes"
+                    continue
+                try:
+                    self.nvml.raw("nvmlDeviceRegisterEvents", h, XID_EVENT, self._set)
+                except NvmlError as e:
+                    self.unregistered[i] = str(e)
+                    continue
+                uuid = self.nvml.call("nvmlDeviceGetUUID", h)
+                pci = self.nvml.call("nvmlDeviceGetPciInfo", h)
+                self._handles.append((i, h, uuid.decode() if isinstance(uuid, bytes) else uuid,
+                                      normalize_bdf(getattr(pci, "busId", None))))
+        except NvmlError as e:
+            self.state, self.reason = "degraded", f"NVML events unavailable: {e}"
+            return False
+        if not self._handles:
+            self.state, self.reason = "degraded", "no GPU accepts Xid events: " + "; ".join(
+                f"gpu{i}: {r}" for i, r in self.unregistered.items())
+            return False
+        self.state = "running"
+        self._thread = threading.Thread(target=self._run, name="mcp-nvml-xid", daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self, timeout_s: float | None = None) -> bool:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s if timeout_s is not None else self.wait_ms / 1000 + 1.0)
+            if self._thread.is_alive():
+                return False
+        if self._set is not None:
+            try:
+                self.nvml.raw("nvmlEventSetFree", self._set)
+            except NvmlError:
+                pass
+            self._set = None
+        self.state = "stopped"
+        return True
+
+    def drain(self) -> list[XidEvent]:
+        out = []
+        while self._events:
+            out.append(self._events.popleft())
+        return out
+
+    def _device_of(self, handle):
+        addr = _address(handle)
+        found = ((i, u, b) for i, h, u, b in self._handles if h is handle or _address(h) == addr)
+        return next(found, (None, None, None))
+
+    def _run(self) -> None:
+        errors = 0
+        while not self._stop.is_set():
+            try:
+                data = self._module_wait()
+            except NvmlError as e:
+                errors += 1
+                backoff = min(60.0, 0.5 * 2 ** min(errors, 7))
+                self.reason = f"nvmlEventSetWait: {e}; retry in {backoff:g} s"
+                self._stop.wait(backoff)
+                continue
+            errors = 0
+            if data is None:
+                continue
+            if getattr(data, "eventType", XID_EVENT) & XID_EVENT:
+                index, uuid, bdf = self._device_of(getattr(data, "device", None))
+                ev = XidEvent(self._clock(), index, uuid, bdf, int(data.eventData))
+                self.counts[ev.xid] = self.counts.get(ev.xid, 0) + 1
+                self._events.append(ev)
+                if self.on_event:
+                    self.on_event(ev)
+
+    def _module_wait(self):
+        """One nvmlEventSetWait; None on its timeout (NVML_ERROR_TIMEOUT is how it says "nothing")."""
+        try:
+            return self.nvml.module.nvmlEventSetWait(self._set, self.wait_ms)
+        except self.nvml.module.NVMLError as e:
+            if getattr(e, "value", None) == TIMEOUT:
+                return None
+            raise NvmlError("nvmlEventSetWait", getattr(e, "value", None), str(e)) from None
+
+
+def _address(handle):
+    """An NVML handle's address: the event's device and our handle are different ctypes objects."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)
