@@ -219,22 +219,6 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, strict, 
         os._exit(0)
 
 
-def _exporters_for(cfg):
-    """None (the pipeline builds them from cfg) unless export.headers_file is set: then built here, with
-    the file's headers handed to the exporter constructors, never to the environment or argv."""
-    if not cfg.export_headers_file:
-        return None
-    from .exporters import build_exporters
-    from .otlpheaders import read_headers_file
-
-    try:
-        headers = read_headers_file(cfg.export_headers_file)
-    except ValueError as e:  # changed since load_config checked it
-        raise config_mod.ConfigError(f"export.headers_file = {cfg.export_headers_file!r}: {e}") from None
-    return build_exporters(cfg.export_jsonl_path or None, cfg.export_otlp_endpoint, cfg.export_otlp_protocol,
-                           console_stream=sys.stdout if cfg.export_console else None, otlp_headers=headers)
-
-
 def _start_agent(cfg, progress, echo, reloads):
     """Start an Agent for cfg, print what it attached, serve the control socket. StartError on failure."""
     from .control import serve
@@ -247,11 +231,7 @@ def _start_agent(cfg, progress, echo, reloads):
         except OSError as e:
             what = str(e) if isinstance(e, UnsafeFileError) else (e.strerror or str(e))
             raise StartError(f"export.jsonl_path {cfg.export_jsonl_path}: {what}") from None
-    try:
-        exporters = _exporters_for(cfg)
-    except config_mod.ConfigError as e:
-        raise StartError(str(e)) from None
-    agent = Agent(cfg, exporters=exporters, progress=progress)
+    agent = Agent(cfg, progress=progress)
     try:
         rep = agent.start()
     finally:

@@ -75,7 +75,7 @@ def main() -> int:
                 ag.detach()
                 if cuda is not None:
                     # paused with the governor on, the finder's next control time stays in the past
-                    # and its thread wakes every 2 ms (agent/cuda.py service_finder): off meanwhile
+                    # and its thread wakes every 2 ms (agent/cuda/capability.py service_finder): off meanwhile
                     cuda.governor = False
                     cuda.pause(True)
             elif cmd == "threads":
@@ -83,7 +83,7 @@ def main() -> int:
             elif cmd == "cuda_scan":
                 out = {"libs": len(cuda.scan_pid(int(args[0]))) if cuda is not None else 0}
             elif cmd == "stats":
-                out = {**ag.stats(), "proc_rows": len(ag.agent.proc_rows)}
+                out = {**ag.stats(), "proc_rows": len(ag.agent.processes.rows)}
             else:
                 out = {"error": f"unknown command {cmd!r}"}
             print(json.dumps(out), flush=True)

@@ -9,9 +9,9 @@ Measured side by side, interleaved by rounds (the order rotates each round), in 
   - a launch-bound loop (WORK ns of spinning per launch, a PyTorch-op-like cadence) with the governor
     at its default 2% budget vs no probe: the slowdown (target: within budget), the duty cycle it chose,
     and its scaled launch count against the loop's own.
-The agent's unit is compiled with only the cuda.bpf.c probes; agent/cuda.py attaches them as the agent
+The agent's unit is compiled with only the cuda.bpf.c probes; agent/cuda/capability.py attaches them as the agent
 does. The governor's windows hold a few duty cycles each (weight x 0.1 s); its scaled count is low by
-about the probe's share of an attached slice, because this loop is launch-bound (agent/cuda.py).
+about the probe's share of an attached slice, because this loop is launch-bound (agent/cuda/capability.py).
 
     sudo .venv/bin/python bench/bench_cuda.py [--quick] [--rounds N] [--json PATH]
 """
@@ -108,6 +108,7 @@ def main(argv=None) -> int:
 
     from mcp_hostagent.cuda import capability as cuda
     from mcp_hostagent.cuda import uprobes
+    from mcp_hostagent.cuda.calibrate import calibrate_standin
 
     rounds = a.rounds or (3 if a.quick else 8)
     call_ms = 200 if a.quick else 400
@@ -184,7 +185,7 @@ def main(argv=None) -> int:
         # ---- the governor on a launch-bound loop ----
         cp.pause(True)
         cp.governor = True
-        cp.calibration = cuda.calibrate_standin(bpf, lib)
+        cp.calibration = calibrate_standin(bpf, lib)
         cp.slice_s = 0.1  # >> the ~10 ms an attach takes (traps without counting meanwhile)
         cp.pause(False)
         d.do(f"loop 2000 {WORK_NS}")  # the governor measures the rate and picks its weight

@@ -10,7 +10,7 @@ every storm inside one marked request), with and without the agent, interleaved 
           MiB (from there on every page comes from reclaiming the cgroup's own; the first ones are
           fresh guest memory, whose cost depends on the host). The file is deleted after each storm.
   kswapd  /proc/sys/vm/min_free_kbytes is raised to ~80% of MemFree + 800 MiB (at most 90% of it),
-          as tests/test_bpf_reclaim.py does, and the child streams a 64 GiB sparse file (128 KiB
+          as tests/reclaim/test_bpf_reclaim.py does, and the child streams a 64 GiB sparse file (128 KiB
           read()s, as cat does: clean page cache at memory speed) for a fixed time: kswapd wakes and
           reclaims behind it. Throughput: MiB/s read. Before each storm kswapd is left to stop
           scanning, and woken with a short memcg reclaim if it had given up on the node
@@ -338,7 +338,7 @@ class Storms:
         self.last_drop = time.monotonic()
         if ag is not None:  # the agent must see kswapd go back to sleep before its probes are detached
             deadline = time.monotonic() + 5
-            while ag.agent.kswapd.awake_since and time.monotonic() < deadline:
+            while ag.agent.reclaim.kswapd.awake_since and time.monotonic() < deadline:
                 time.sleep(0.05)
         row = self._row(nbytes, secs, cpu, ph, vm0, vm1, k1 - k0)
         row.update(min_free_kb=raised, mem_free_kb=free_kb, kswapd_was_quiet=quiet, revived=revived,
@@ -428,11 +428,11 @@ def main(argv=None) -> int:
                     prog[kind] = (c.runs_delta(before, ag.prog_runs()), row["wall_s"])
             # open episodes close after 3 quiet windows: give them the time (probes detached, windows quiet)
             deadline = time.monotonic() + 5
-            while ag.agent.telemetry.open_storms() and time.monotonic() < deadline:
+            while ag.agent.reclaim.open_storms() and time.monotonic() < deadline:
                 time.sleep(0.2)
             c.wait_idle(2.0)
             session = ag.stats()
-            still_open = len(ag.agent.telemetry.open_storms())
+            still_open = len(ag.agent.reclaim.open_storms())
     finally:
         for w in (ww, wr):
             if w is not None:

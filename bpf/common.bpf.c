@@ -1,8 +1,8 @@
-/* Maps, settings and helpers shared by every probe family. agent/loader.py compiles one unit:
+/* Maps, settings and helpers shared by every probe family. agent/core/loader.py compiles one unit:
  * this file first, then requests.bpf.c, reclaim.bpf.c, cuda.bpf.c, health.bpf.c (each probe under #if
  * MCP_PROBE_<NAME>), so that every family can add to the same per-request and per-process counters.
  *
- * Settings arrive as -D cflags from agent/loader.py: MCP_MAX_OPEN_PER_PID, MCP_MAX_BEGINS_PER_S,
+ * Settings arrive as -D cflags from agent/core/loader.py: MCP_MAX_OPEN_PER_PID, MCP_MAX_BEGINS_PER_S,
  * the owner budgets MCP_{MAX_BEGINS_PER_S,MAX_OPEN,MAX_PROCS}_{UID,CGROUP} and MCP_MARK_RESTRICT,
  * MCP_WATCH_ALL, MCP_REQ_RINGBUF_PAGES, MCP_RINGBUF_PAGES, MCP_MAX_THREADS, MCP_MAX_PROCS, MCP_STALL_THRESHOLD_NS, and
  * MCP_PROBE_<NAME>=1 for each probe whose hook this kernel has (bcc needs a tracepoint's format to

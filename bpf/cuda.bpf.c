@@ -1,6 +1,6 @@
 /* CUDA driver calls and NVIDIA ioctls, per request, per process and per zero-touch GPU step.
  *
- * Hooks: uprobes on libcuda.so exports (attached per library inode by agent/cuda.py, which finds
+ * Hooks: uprobes on libcuda.so exports (attached per library inode by agent/cuda/capability.py, which finds
  * every libcuda a process maps, containers included): entry-only counters on the launch paths,
  * entry+return pairs on context, sync and memory calls; syscalls:sys_enter_ioctl/sys_exit_ioctl
  * on the NVIDIA device fds of watched processes; sched:sched_process_exec (prompt rescans) and
@@ -11,7 +11,7 @@
  * The uprobes on exports also see calls made through the runtime: on driver 580 cuGetProcAddress
  * returned the exported symbols' addresses (docs/machines.md).
  *
- * Duty cycle: agent/cuda.py attaches each busy cuLaunchKernel* probe for a slice and detaches it for
+ * Duty cycle: agent/cuda/capability.py attaches each busy cuLaunchKernel* probe for a slice and detaches it for
  * (weight - 1) slices when its cost would exceed the overhead budget; each hit then counts the
  * symbol's weight (cu_config) and marks the counters `sampled` with it.
  */
@@ -26,7 +26,7 @@ BPF_HASH(cu_hist, struct mcp_hist_key, u64, 16384);
 BPF_HASH(nv_fds, struct mcp_nv_fd_key, u32, 65536);
 BPF_TABLE("lru_hash", u32, struct mcp_nv_ioctl_start, nv_ioctl_start, MCP_MAX_THREADS);
 BPF_HASH(nv_cmd, struct mcp_nv_cmd_key, struct mcp_nv_cmd_val, 8192);
-BPF_TABLE("lru_hash", u32, u64, cu_exec, 1024); /* tgid -> exec time, drained by agent/cuda.py */
+BPF_TABLE("lru_hash", u32, u64, cu_exec, 1024); /* tgid -> exec time, drained by agent/cuda/capability.py */
 
 #define CU_OFF(field) ((u32)__builtin_offsetof(struct mcp_counters, field))
 #define CU_FIELD(c, off) ((u64 *)((char *)(c) + (off)))
@@ -232,7 +232,7 @@ int cu_free_ret(struct pt_regs *ctx) { return cu_return(MCP_CU_FREE, MCP_HIST_FR
 /* The syscall tracepoints' records (kernel/trace/trace_syscalls.c: an 8-byte trace_entry, int nr,
  * then each argument in 8 bytes). Declared here, not through bcc's TRACEPOINT_PROBE, because the
  * marker already owns tracepoint__syscalls__sys_enter_ioctl and bcc 0.26 generates that struct
- * once per unit (a second function naming it fails: "redefinition"); agent/cuda.py checks these
+ * once per unit (a second function naming it fails: "redefinition"); agent/cuda/capability.py checks these
  * offsets against tracefs before attaching. */
 struct mcp_sys_enter_ioctl {
 	u64 common;
@@ -285,7 +285,7 @@ int nv_ioctl_exit(void *ctx)
 #endif /* MCP_PROBE_NVIDIA_IOCTL */
 
 #if MCP_PROBE_CUDA_EXEC
-/* A new program image: agent/cuda.py rereads its maps soon (a container's libcuda is another
+/* A new program image: agent/cuda/capability.py rereads its maps soon (a container's libcuda is another
  * inode, attached only once a process maps it). */
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {
@@ -299,7 +299,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
 #if MCP_PROBE_CUDA_THREAD_EXIT
 /* A thread that dies inside a call never returns through its uretprobe: drop its pending entries,
  * so that a later return on a reused tid cannot pair with them. Named apart from requests.bpf.c's
- * tracepoint__sched__sched_process_exit; attached by agent/cuda.py. */
+ * tracepoint__sched__sched_process_exit; attached by agent/cuda/capability.py. */
 int cuda_thread_exit(void *ctx)
 {
 	u32 tid = (u32)bpf_get_current_pid_tgid();

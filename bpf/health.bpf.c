@@ -5,8 +5,8 @@
  * from the format file at compile time, and these events come and go with a module (nvidia) or a
  * kernel config (CONFIG_PCIEAER, the PCIe port driver), and their layouts change between driver and
  * kernel versions (aer_event's tlp_header grew from 4 to 14 words for flit mode). So the kernel side
- * copies the record's first MCP_TP_RAW_LEN bytes and agent/tphealth.py decodes them with the format
- * it reads from tracefs at run time. agent/loader.py attaches each tp_raw__<group>__<event> with
+ * copies the record's first MCP_TP_RAW_LEN bytes and agent/gpuhealth/health_records.py decodes them with the format
+ * it reads from tracefs at run time. agent/core/loader.py attaches each tp_raw__<group>__<event> with
  * attach_tracepoint(); a probe whose tracepoint is absent is not compiled (#if MCP_PROBE_<NAME>).
  *
  * ctx of a BPF_PROG_TYPE_TRACEPOINT program is the record itself, built in the per-CPU perf trace
@@ -59,7 +59,7 @@ int tp_raw__pci__pcie_link_event(void *ctx) { return tp_raw_capture(ctx, MCP_TP_
 #endif /* MCP_PROBE_PCIE_LINK_EVENT */
 
 #if MCP_TEST_TP_RAW_EXEC
-/* tests/test_bpf_health.py only: the same capture on sched:sched_process_exec, which every kernel
+/* tests/gpuhealth/test_bpf_health.py only: the same capture on sched:sched_process_exec, which every kernel
  * has and which carries a __data_loc string (filename), to prove capture and run-time decoding on
  * hosts without the health tracepoints. */
 int tp_raw__sched__sched_process_exec(void *ctx) { return tp_raw_capture(ctx, MCP_TP_TEST_EXEC); }

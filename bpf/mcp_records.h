@@ -1,6 +1,6 @@
 /* Records shared by the BPF programs and user space: the one place their layout is defined.
  *
- * agent/records.py mirrors every struct here with ctypes; tests/test_layout.py compiles this header
+ * agent/core/records.py mirrors every struct here with ctypes; tests/core/test_layout.py compiles this header
  * with the host C compiler and checks sizes and offsets against the mirror, so the two cannot drift.
  * Only fixed-width __u* types and explicit padding: the same bytes on both sides of the ring buffer.
  */
@@ -30,7 +30,7 @@ struct mcp_mark {
 
 /* ---- counters accumulated in the kernel, per request and per process ----
  * One struct for every probe family, so a request's END record and a process's counters carry all
- * of them; agent/decode.py derives its Counters record from this layout. Append only. */
+ * of them; agent/core/decode.py derives its Counters record from this layout. Append only. */
 struct mcp_counters {
 	/* requests.bpf.c */
 	__u64 faults;            /* exceptions:page_fault_user */
@@ -249,7 +249,7 @@ enum mcp_stat {
 	MCP_STAT_MAX,
 };
 
-/* ---- CUDA driver calls and NVIDIA ioctls (cuda.bpf.c, agent/cuda.py) ---- */
+/* ---- CUDA driver calls and NVIDIA ioctls (cuda.bpf.c, agent/cuda/capability.py) ---- */
 enum mcp_cuda_event_type {
 	MCP_EV_GPU_STEP = 10,     /* zero-touch: a sync call returned on a thread outside any request */
 };
@@ -276,7 +276,7 @@ enum mcp_hist_kind {          /* per-process log2 latency histograms (map cu_his
 	MCP_HIST_FREE = 4,
 };
 
-enum mcp_cu_config {          /* array cu_config, written by agent/cuda.py at run time */
+enum mcp_cu_config {          /* array cu_config, written by agent/cuda/capability.py at run time */
 	MCP_CFG_WEIGHT_LAUNCH = 0,         /* a cuLaunchKernel hit counts this much (probe on 1/weight */
 	MCP_CFG_WEIGHT_LAUNCH_PTSZ = 1,    /* of the time: the duty cycle); 0 or 1: exact. One per */
 	MCP_CFG_WEIGHT_LAUNCH_EX = 2,      /* launch symbol: one not called stays attached and exact */
@@ -311,7 +311,7 @@ struct mcp_hist_key {
 	__u16 slot;               /* log2(ns) */
 };
 
-/* an NVIDIA device fd of a watched process (map nv_fds, kept by agent/cuda.py from /proc/PID/fd) */
+/* an NVIDIA device fd of a watched process (map nv_fds, kept by agent/cuda/capability.py from /proc/PID/fd) */
 struct mcp_nv_fd_key {
 	__u32 tgid;
 	__u32 fd;
@@ -320,7 +320,7 @@ struct mcp_nv_fd_key {
 struct mcp_nv_ioctl_start {
 	__u64 ts_ns;
 	__u32 cmd;
-	__u32 dev;                /* device id given by agent/cuda.py (one per device path) */
+	__u32 dev;                /* device id given by agent/cuda/capability.py (one per device path) */
 };
 
 struct mcp_nv_cmd_key {
@@ -344,7 +344,7 @@ struct mcp_ev_gpu_step {
 	struct mcp_counters c;    /* the thread's CUDA counters over the step, closing sync included */
 };
 
-/* ---- GPU and PCIe health tracepoints (health.bpf.c, agent/tphealth.py) ----
+/* ---- GPU and PCIe health tracepoints (health.bpf.c, agent/gpuhealth/health_records.py) ----
  * bcc's TRACEPOINT_PROBE needs a tracepoint's format at compile time, and nvidia:nvidia_dev_xid
  * exists only while the driver is loaded (ras:aer_event, pci:pcie_link_event only on some kernels),
  * so the BPF side copies the record's first bytes and user space decodes them with the format it

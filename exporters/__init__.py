@@ -119,3 +119,27 @@ def build_exporters(
         stats=stats,
         sinks=sinks,
     )
+
+
+def from_config(cfg) -> Exporters:
+    """The exporters `mcp-agent run` uses: the JSONL file, OTLP and the console as the settings say;
+    export.headers_file's headers go to the OTLP exporter constructors, never to the environment or
+    argv. ValueError (one line) when the headers file is unreadable or unsafe."""
+    import sys
+
+    from ..otlpheaders import read_headers_file
+
+    headers = None
+    if cfg.export_headers_file:
+        try:
+            headers = read_headers_file(cfg.export_headers_file)
+        except ValueError as e:  # changed since load_config checked it
+            raise ValueError(f"export.headers_file = {cfg.export_headers_file!r}: {e}") from None
+    return build_exporters(cfg.export_jsonl_path or None, cfg.export_otlp_endpoint, cfg.export_otlp_protocol,
+                           console_stream=sys.stdout if cfg.export_console else None, otlp_headers=headers)
+
+
+def counting_only(note: str = "none: telemetry is counted, not exported") -> Exporters:
+    """Exporters that count spans and export nothing (`mcp-agent top` running its own probes)."""
+    stats = ExportStats()
+    return Exporters(CountingSpanExporter(MultiSpanExporter([]), stats), [], stats, [note])

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .kernel import tracepoint_exists
-from ..pcie.links import MISSING_WHY
+from ..gpuhealth.tracepoints import MISSING_WHY
 
 ATTACHED, MISSING, DISABLED = "attached", "missing", "disabled"
 
@@ -72,7 +72,7 @@ PROBES: tuple[ProbeSpec, ...] = (
               "pages scanned/reclaimed by kswapd, direct and memcg reclaim (cf. /proc/vmstat)",
               "needs vmscan events"),
     # CUDA driver and NVIDIA ioctls (cuda.bpf.c): uprobes per libcuda inode and the two tracepoint
-    # programs named apart from requests.bpf.c's are attached by agent/cuda.py, symbol by symbol.
+    # programs named apart from requests.bpf.c's are attached by agent/cuda/capability.py, symbol by symbol.
     ProbeSpec("cuda_launch", "uprobe:libcuda:cuLaunchKernel(_ptsz),cuLaunchKernelEx(_ptsz)", "cuda.bpf.c",
               "kernel launches by symbol, per request and process (duty-cycled within the overhead budget)",
               "needs uprobes (CONFIG_UPROBE_EVENTS)", kind="uprobe"),
@@ -96,7 +96,7 @@ PROBES: tuple[ProbeSpec, ...] = (
               "drops pending CUDA call entries of threads that die inside a call",
               "without it, stale entries age out by the sanity bound", kind="tracepoint_fn"),
     # GPU and PCIe health (health.bpf.c): the record's bytes, decoded with the format tracefs gives at
-    # run time (agent/tphealth.py), since these events come and go with the driver and kernel config.
+    # run time (agent/gpuhealth/health_records.py), since these events come and go with the driver and kernel config.
     ProbeSpec("gpu_xid", "nvidia:nvidia_dev_xid", "health.bpf.c",
               "Xid errors from the NVIDIA driver, by GPU and code (NVML Xid events are the fallback)",
               "the NVIDIA driver registers it when its module loads (driver 580 has it); "

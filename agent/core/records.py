@@ -2,7 +2,7 @@
 
 The header is the one place a record's layout is defined. Constants (#define and enum values) are
 parsed from it at import, so they cannot disagree; struct layouts are mirrored here and checked
-against the C compiler's own sizeof/offsetof by tests/test_layout.py.
+against the C compiler's own sizeof/offsetof by tests/core/test_layout.py.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class ReclaimStart(ctypes.Structure):
     _fields_ = [("ts_ns", u64), ("gfp_flags", u64), ("order", ctypes.c_int32), ("kind", u32)]
 
 
-# C struct name -> ctypes mirror; tests/test_layout.py walks this table.
+# C struct name -> ctypes mirror; tests/core/test_layout.py walks this table.
 STRUCTS = {
     "mcp_mark": Mark,
     "mcp_counters": Counters,
@@ -149,14 +149,6 @@ STRUCTS = {
     "mcp_ev_reclaim_stall": EvReclaimStall,
     "mcp_ev_kswapd": EvKswapd,
     "mcp_reclaim_start": ReclaimStart,
-}
-
-EVENT_TYPES = {
-    C["MCP_EV_REQ_BEGIN"]: EvReqBegin,
-    C["MCP_EV_REQ_END"]: EvReqEnd,
-    C["MCP_EV_PROC_EXIT"]: EvProcExit,
-    C["MCP_EV_RECLAIM_STALL"]: EvReclaimStall,
-    C["MCP_EV_KSWAPD"]: EvKswapd,
 }
 
 RECLAIM_KINDS = {C["MCP_RECLAIM_DIRECT"]: "direct", C["MCP_RECLAIM_MEMCG"]: "memcg"}
@@ -178,7 +170,7 @@ KERNEL_STATS = {
 ACTIVITY_STATS = frozenset({"rb_lost", "rb_req_lost", "cu_launch_hits", "cu_auto_watch"})
 
 
-# ---- CUDA driver calls and NVIDIA ioctls (bpf/cuda.bpf.c, agent/cuda.py) ----
+# ---- CUDA driver calls and NVIDIA ioctls (bpf/cuda.bpf.c, agent/cuda/capability.py) ----
 class CuPendKey(ctypes.Structure):
     _fields_ = [("tid", u32), ("family", u32)]
 
@@ -227,17 +219,14 @@ STRUCTS.update({
     "mcp_ev_gpu_step": EvGpuStep,
 })
 
-# Not in EVENT_TYPES: agent/cuda.py decodes these (decode_step), the pipeline routes them by type.
-CUDA_EVENT_TYPES = {C["MCP_EV_GPU_STEP"]: EvGpuStep}
 SYNC_KINDS = {C["MCP_CU_SYNC_STREAM"]: "stream", C["MCP_CU_SYNC_CTX"]: "ctx", C["MCP_CU_SYNC_EVENT"]: "event"}
 HIST_KINDS = {C["MCP_HIST_CTX"]: "ctx", C["MCP_HIST_SYNC"]: "sync", C["MCP_HIST_IOCTL"]: "ioctl",
               C["MCP_HIST_ALLOC"]: "alloc", C["MCP_HIST_FREE"]: "free"}
 
 
-# ---- GPU and PCIe health tracepoints (bpf/health.bpf.c, agent/tphealth.py) ----
+# ---- GPU and PCIe health tracepoints (bpf/health.bpf.c, agent/gpuhealth/health_records.py) ----
 class EvTpRaw(ctypes.Structure):
     _fields_ = [("h", Hdr), ("kind", u32), ("len", u32), ("data", u8 * C["MCP_TP_RAW_LEN"])]
 
 
 STRUCTS["mcp_ev_tp_raw"] = EvTpRaw
-EVENT_TYPES[C["MCP_EV_TP_RAW"]] = EvTpRaw

@@ -5,43 +5,30 @@ sys_exit_ioctl and sched:sched_process_exit (attached here by fd, not through bc
 whose table is keyed by tracepoint name and would lose the marker's fd); sched:sched_process_exec
 (attached by the loader, drained here from map cu_exec).
 
-Libraries. A process's libcuda is whatever /proc/PID/maps says it maps; in a container that is another
-file, another inode, reached through /proc/PID/root/<path> (or /proc/PID/map_files/<range> when the
-path is gone). Uprobes bind to the inode, so they are attached once per (device, inode) and also fire in
+This module is the orchestrator, CudaProbes: its state, threads, service passes, attach and detach. The
+rules it applies live beside it, one job each:
+  symbols.py    the driver API symbols probed (SYMBOLS, LAUNCH_FIELDS, ...) and a symbol's state
+  finder.py     libcuda in /proc/PID/maps, resolving, checking and pinning the mapped file
+  governor.py   launch rates, the weights (plan_weights) and each launch probe's duty cycle
+  calibrate.py  the per-hit cost, timed on a memfd stand-in of the agent's own
+  ioctl.py      the NVIDIA ioctl side: tracepoint layout, the fd-table scan's pieces, map rows
+  steps.py      zero-touch GPU step records and per-request findings
+
+Libraries. Uprobes bind to the inode, so they are attached once per (device, inode) and also fire in
 every process that maps that inode later; a new inode is found by rereading the maps of processes that
 exec (soon after the exec and again while they may still dlopen it) and of every process every
 `rescan_s`. A library whose processes have all gone is detached. A symbol a library lacks is missing
 for that library only, with its reason (symbol_rows(), the probe table).
 
 NVIDIA fds. The kernel counts ioctls on fds listed in map nv_fds, which this module keeps from
-/proc/PID/fd of watched processes every `fd_scan_s`. Not the ioctl type byte: on the H200 host
-nvidia-uvm's commands are bare numbers (type 0x00) and /dev/nvidiactl and /dev/nvidiaN share type
-'F' with no device told apart; not fd -> file in BPF either, which would read kernel structs. An fd
-opened and used between two scans is missed; a closed fd whose number is reused within a scan is
-counted as NVIDIA's until the next. `device_globs` says what is NVIDIA's (tests register a file).
+/proc/PID/fd of watched processes every `fd_scan_s` (scan_fds; why fds, ioctl.py).
 
-Overhead governor. When the first libcuda appears, calibrate_standin() times a function of the
-agent's own that starts with the same first instruction as that library's cuLaunchKernel (read from
-the file, never loaded: a library a process maps may be anyone's), with and without our launch program
-attached (per-hit cost, trap included; the trap's cost depends on the probed instruction: 7.4 us on
-libc's labs() vs ~1.1 us on cuLaunchKernel in the H200 VM). Every control window the launch rate of each process is estimated per
-symbol from the (scaled) counts, and host-wide for processes not watched (as one process); when the
-busiest process's rate x cost exceeds the budget, each busy cuLaunchKernel* symbol gets a weight k:
-its probe is attached 1/k of the time and each hit counts k (the kernel reads cu_config), the counters
-marked `sampled`. A symbol that is hardly called costs nothing and stays attached and exact.
-Each (library, symbol) keeps an on-time credit: it earns 1/k per second, spends 1 per second while
-attached; the probe goes on when a slice's worth is owed and off when the credit is spent. So a slow
-detach (a perf-event uprobe waits out an RCU-tasks grace period, ~0.1-0.2 s in these VMs, serialised by
-the kernel; a uprobe_multi link a few ms) lengthens the next off-time instead of biasing the count, and
-a weight change carries the credit over.
-Each attach traps for its own duration (~10 ms) before the program counts: the weights are chosen for
-the budget less that share of a slice.
-The scaled counts assume the probe does not change the launch rate; a launch-bound thread runs slower
-while attached, so its count is low by about its on-slice overhead share (governor_status()
-`attached_overhead`).
+Overhead governor. When the first libcuda appears, its launch probe's per-hit cost is calibrated
+(calibrate.py); every control window the rates are estimated and the weights set (governor.py), and
+the duty cycler attaches and detaches the launch probes in their turns.
 
-Uprobes are attached one per (symbol, entry|return) through agent/uprobes.py: BPF uprobe_multi links
-on Linux 6.6+ (released within milliseconds), bcc's perf-event uprobes otherwise.
+Uprobes are attached one per (symbol, entry|return) through agent/cuda/uprobes.py: BPF uprobe_multi
+links on Linux 6.6+ (released within milliseconds), bcc's perf-event uprobes otherwise.
 
 Threads: two of its own (start()): the finder (maps, fds, exec, control) and the duty cycler, apart
 because the slices need timing that neither the pipeline's poll loop nor a finder pass that detaches a
@@ -51,242 +38,25 @@ library (one grace period per probe) can give; service() does both where a calle
 from __future__ import annotations
 
 import ctypes
-import fnmatch
-import math
 import os
-import re
-import statistics
 import threading
 from concurrent.futures import ThreadPoolExecutor
 import time
-from dataclasses import dataclass, field
 
-from . import libtrust
 from ..core import procscan
 from ..core import records as R
-from . import uprobes
-from ..core.decode import Counters, DecodeError, Header, counters_from
+from ..core.capability import Evidence
 from ..core.probes import ATTACHED, MISSING, ProbePlan
+from . import governor as gov
+from . import ioctl, libtrust, steps, uprobes
+from . import telemetry as cuda_telemetry
+from .calibrate import Calibration, calibrate, calibrate_standin
+from .finder import (CAP_REASON, MAX_REFUSED_KEPT, RESCAN_BUDGET_S, RESCAN_PASS_S, Library, Mapping,
+                     close_library, libcuda_mappings, pin, resolve)
+from .ioctl import TRACEFS, syscall_layout_ok
+from .symbols import DUTY_PROBE, LAUNCH_CFG, LAUNCH_FIELDS, SYMBOLS, UPROBE_ROWS, SymState
 
-TRACEFS = "/sys/kernel/tracing"
-MAX_REFUSED_KEPT = 1024  # refused (device, inode)s remembered, so each is checked once
-CAP_REASON = "cuda.max_libraries"
-# A user controls what their processes' maps cost to read (60,000 mappings: ~30 ms each): a pass over
-# /proc spends at most RESCAN_BUDGET_S, one every RESCAN_PASS_S while a round lasts (<= 10% of a core);
-# the exec checks get the same budget per RESCAN_PASS_S of their own.
-RESCAN_BUDGET_S = 0.025
-RESCAN_PASS_S = 0.25
-MAX_REFUSED_ROWS = 32  # of them in `mcp-agent probes` and symbol_rows(): the latest
-LAUNCH_FIELDS = ("cu_launch", "cu_launch_ptsz", "cu_launch_ex", "cu_launch_ex_ptsz")
-
-
-@dataclass(frozen=True)
-class Sym:
-    name: str
-    probe: str  # row in probes.PROBES
-    entry: str  # BPF function run at entry
-    ret: str | None = None  # BPF function run at return (latency pairs)
-
-
-SYMBOLS = (
-    # entry function = counter field = weight slot of the duty-cycled ones (LAUNCH_CFG)
-    Sym("cuLaunchKernel", "cuda_launch", "cu_launch"),
-    Sym("cuLaunchKernel_ptsz", "cuda_launch", "cu_launch_ptsz"),
-    Sym("cuLaunchKernelEx", "cuda_launch", "cu_launch_ex"),  # cuBLAS launches through it
-    Sym("cuLaunchKernelEx_ptsz", "cuda_launch", "cu_launch_ex_ptsz"),
-    Sym("cuGraphLaunch", "cuda_graph", "cu_graph_launch"),  # one per replay, not per kernel
-    Sym("cuGraphLaunch_ptsz", "cuda_graph", "cu_graph_launch"),
-    Sym("cuCtxPushCurrent", "cuda_ctx", "cu_ctx_enter", "cu_ctx_ret"),
-    Sym("cuCtxPushCurrent_v2", "cuda_ctx", "cu_ctx_enter", "cu_ctx_ret"),
-    Sym("cuCtxPopCurrent", "cuda_ctx", "cu_ctx_enter", "cu_ctx_ret"),
-    Sym("cuCtxPopCurrent_v2", "cuda_ctx", "cu_ctx_enter", "cu_ctx_ret"),
-    Sym("cuCtxSetCurrent", "cuda_ctx", "cu_ctx_enter", "cu_ctx_ret"),
-    Sym("cuStreamSynchronize", "cuda_sync", "cu_sync_stream_enter", "cu_sync_ret"),
-    Sym("cuStreamSynchronize_ptsz", "cuda_sync", "cu_sync_stream_enter", "cu_sync_ret"),
-    Sym("cuCtxSynchronize", "cuda_sync", "cu_sync_ctx_enter", "cu_sync_ret"),
-    Sym("cuCtxSynchronize_v2", "cuda_sync", "cu_sync_ctx_enter", "cu_sync_ret"),  # driver 580 exports it
-    Sym("cuEventSynchronize", "cuda_sync", "cu_sync_event_enter", "cu_sync_ret"),
-    Sym("cuMemAlloc_v2", "cuda_alloc", "cu_alloc_enter", "cu_alloc_ret"),
-    Sym("cuMemAllocAsync", "cuda_alloc", "cu_alloc_enter", "cu_alloc_ret"),
-    Sym("cuMemAllocAsync_ptsz", "cuda_alloc", "cu_alloc_enter", "cu_alloc_ret"),
-    Sym("cuMemFree_v2", "cuda_free", "cu_free_enter", "cu_free_ret"),
-    Sym("cuMemFreeAsync", "cuda_free", "cu_free_enter", "cu_free_ret"),  # the stream-ordered allocator's
-    Sym("cuMemFreeAsync_ptsz", "cuda_free", "cu_free_enter", "cu_free_ret"),
-)
-DUTY_PROBE = "cuda_launch"  # the high-rate ones; the rest are a few per step
-LAUNCH_CFG = {f: R.C["MCP_CFG_WEIGHT_" + f[3:].upper()] for f in LAUNCH_FIELDS}
-UPROBE_ROWS = tuple(dict.fromkeys(s.probe for s in SYMBOLS))
-
-# ---- zero-touch GPU steps: ring-buffer record MCP_EV_GPU_STEP (pure decode) ----
-EV_GPU_STEP = R.C["MCP_EV_GPU_STEP"]
-
-
-@dataclass(frozen=True)
-class GpuStep:
-    hdr: Header  # the thread; hdr.ts_ns is the closing sync's return
-    begin_ns: int  # previous sync return on the thread, or its first counted CUDA call
-    sync_ns: int
-    sync_kind: str  # "stream" | "ctx" | "event"
-    counters: Counters  # cu_* and nv_* over the step, closing sync included
-
-    @property
-    def launches(self) -> int:
-        c = self.counters
-        return sum(getattr(c, f) for f in LAUNCH_FIELDS)
-
-
-def decode_step(raw: bytes) -> GpuStep:
-    size = ctypes.sizeof(R.EvGpuStep)
-    if len(raw) < size:
-        raise DecodeError("short", f"gpu step: {len(raw)} bytes, layout {size}")
-    rec = R.EvGpuStep.from_buffer_copy(raw[:size])
-    h = rec.h
-    if h.type != EV_GPU_STEP or h.size != size:
-        raise DecodeError("bad_size", f"gpu step: type {h.type} size {h.size}, layout {size}")
-    kind = R.SYNC_KINDS.get(rec.sync_kind)
-    if kind is None:
-        raise DecodeError("bad_field", f"sync kind {rec.sync_kind}")
-    hdr = Header(h.type, h.tgid, h.tid, h.cpu, h.ts_ns, h.cgroup_id, bytes(h.comm).split(b"\0", 1)[0])
-    return GpuStep(hdr, rec.begin_ns, rec.sync_ns, kind, counters_from(rec.c))
-
-
-# ---- span findings (pure) ----
-# Shares of a request's wall time past which its span gets a finding. A context push costs 8-15 us
-# (the seeds' measurement): 5% of a 10 ms request is ~40 of them. A request mostly waiting in sync calls
-# is GPU-bound, not host-bound: worth saying, not an error.
-FINDING_SHARES = {"cuda.ctx_switch_heavy": ("cu_ctx_ns", 0.05), "cuda.sync_bound": ("cu_sync_ns", 0.5),
-                  "nvidia.ioctl_heavy": ("nv_ioctl_ns", 0.1)}
-
-
-def findings(c: Counters, duration_ns: int) -> dict[str, float]:
-    """{finding: share of the request} for each share over its threshold (FINDING_SHARES)."""
-    if duration_ns <= 0:
-        return {}
-    out = {}
-    for name, (field_, share) in FINDING_SHARES.items():
-        v = getattr(c, field_) / duration_ns
-        if v >= share:
-            out[name] = round(v, 4)
-    return out
-
-
-# ---- /proc parsing (pure) ----
-_LIBCUDA = re.compile(r"(^|/)libcuda\.so(\.\d+)*$")
-
-
-@dataclass(frozen=True)
-class Mapping:
-    start: str  # "7f..-7f.." range, for /proc/PID/map_files
-    dev: tuple[int, int]  # (major, minor) as maps shows it
-    inode: int
-    path: str
-    deleted: bool
-
-
-def libcuda_mappings(maps: str) -> list[Mapping]:
-    """The libcuda.so* file mappings in a /proc/PID/maps text, one per (device, inode)."""
-    out: dict[tuple, Mapping] = {}
-    if "libcuda.so" not in maps:
-        return []
-    for line in maps.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 6 or "libcuda.so" not in parts[5]:
-            continue
-        path, deleted = parts[5], parts[5].endswith(" (deleted)")
-        if deleted:
-            path = path[: -len(" (deleted)")]
-        if not _LIBCUDA.search(path):
-            continue
-        major, minor = (int(x, 16) for x in parts[3].split(":"))
-        key = (major, minor, int(parts[4]))
-        out.setdefault(key, Mapping(parts[0], (major, minor), int(parts[4]), path, deleted))
-    return list(out.values())
-
-
-def syscall_layout_ok(tracefs: str = TRACEFS) -> str | None:
-    """None when sys_enter_ioctl has fd at 16 and cmd at 24 (struct mcp_sys_enter_ioctl), else why not."""
-    want = {"fd": 16, "cmd": 24}
-    try:
-        with open(f"{tracefs}/events/syscalls/sys_enter_ioctl/format") as f:
-            text = f.read()
-    except OSError as e:
-        return f"tracepoint syscalls:sys_enter_ioctl not readable: {e.strerror}"
-    for name, off in want.items():
-        m = re.search(rf"field:[^;]*\b{name};\s*offset:(\d+);", text)
-        if not m or int(m.group(1)) != off:
-            return f"sys_enter_ioctl field {name} not at offset {off} (cuda.bpf.c's struct mcp_sys_enter_ioctl)"
-    return None
-
-
-def plan_weights(rates: dict[int, dict[str, float]], cost_ns: float, budget: float,
-                 current: dict[str, int] | None = None, max_weight: int = 1000) -> dict[str, int]:
-    """Weights per launch symbol so that every process's probe overhead stays within budget.
-
-    rates: pid -> launch symbol -> hits/s (estimates of the true rate). A symbol is busy when some
-    process calls it at a cost of at least budget/8; busy symbols share one weight k, chosen for the
-    busiest process: k = its busy overhead / (budget - its overhead from the exact ones). The weight goes
-    up at once and down only with 50% headroom, so that it does not flap at the edge."""
-    current = current or {}
-    c = cost_ns * 1e-9
-    busy = {f for f in LAUNCH_FIELDS if any(r.get(f, 0.0) * c >= budget / 8 for r in rates.values())}
-    need = 0.0
-    for r in rates.values():
-        duty = sum(r.get(f, 0.0) for f in busy) * c
-        exact = sum(r.get(f, 0.0) for f in LAUNCH_FIELDS if f not in busy) * c
-        need = max(need, duty / max(budget - exact, budget / 8))
-    k = max(1, min(max_weight, math.ceil(need - 1e-9)))
-    held = max((current.get(f, 1) for f in busy), default=1)
-    if k < held and math.ceil(need * 1.5 - 1e-9) >= held:
-        k = held
-    return {f: (k if f in busy else 1) for f in LAUNCH_FIELDS}
-
-
-# ---- state ----
-@dataclass
-class SymState:
-    sym: Sym
-    addr: int | None = None
-    state: str = "pending"  # attached | missing | alias | disabled
-    reason: str = ""
-    events: list[uprobes.Handle] = field(default_factory=list)  # entry (and return) uprobe, while attached
-    on_since: float | None = None
-    attached_s: float = 0.0  # cumulative, for reporting
-    credit: float = 0.0  # duty cycle: on-time owed (s)
-    last_t: float = 0.0
-
-
-@dataclass
-class Library:
-    key: tuple[int, int, int]  # (major, minor, inode) from maps
-    path: str  # what bcc and the kernel open
-    shown: str  # the path inside the process's mount namespace
-    pids: set[int] = field(default_factory=set)
-    syms: dict[str, SymState] = field(default_factory=dict)
-    start: str = ""  # the mapping's range, for /proc/PID/map_files
-    dropped: bool = False
-    fd: int = -1  # the checked file, held open: `path` is /proc/self/fd/<fd> (CudaProbes._pin)
-
-
-@dataclass
-class Calibration:
-    cost_ns: float  # per hit of our launch program, trap included
-    call_ns: float  # the call without a probe
-    target: str
-    rounds: int
-
-
-def _read(path: str, limit: int = 16 << 20) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _close(lib_: Library) -> None:
-    if lib_.fd >= 0:
-        os.close(lib_.fd)
-        lib_.fd = -1
+MAX_REFUSED_ROWS = 32  # refused files in `mcp-agent probes` and symbol_rows(): the latest
 
 
 class CudaProbes:
@@ -384,7 +154,7 @@ class CudaProbes:
             self._detach_all([st for lib_ in self.libs.values() for st in lib_.syms.values()])
             self.set_tracepoints(False)
             for lib_ in self.libs.values():
-                _close(lib_)
+                close_library(lib_)
 
     def set_tracepoints(self, on: bool) -> None:
         """Attach (or close) our own tracepoint programs: benchmarks toggle them with the loader's."""
@@ -577,43 +347,7 @@ class CudaProbes:
         self._update_rows()
         with self._duty_lock:
             self._detach_all(list(lib_.syms.values()))
-        _close(lib_)
-
-    @staticmethod
-    def _pin(path: str, key: tuple) -> int:
-        """An fd of the file just checked at path, verified to be that (device, inode): symbols are
-        read and uprobes attached through /proc/self/fd/<fd> from here on, so a user who swaps what
-        the path names after the check (a mount in their own namespace, a remapped range behind
-        map_files) changes nothing the agent reads. O_NOFOLLOW but for map_files, whose entries
-        are the kernel's links to the mapped file."""
-        flags = os.O_RDONLY | os.O_CLOEXEC | (0 if "/map_files/" in path else os.O_NOFOLLOW)
-        fd = os.open(path, flags)
-        st = os.fstat(fd)
-        if (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) != tuple(key):
-            os.close(fd)
-            raise libtrust.Untrusted(f"{path}: not the file the process maps (replaced since the check)")
-        return fd
-
-    def _resolve(self, pid: int, m: Mapping) -> str | None:
-        """A path to the mapped file, to check and then _pin: the agent's own view of the path when it
-        is the same file (the host's libcuda), else through the process's root, else map_files (a
-        deleted file, or overlayfs showing another inode). Raises libtrust.Untrusted for a file that
-        a user other than root could have written (agent/libtrust.py)."""
-        if not m.deleted:
-            for root in ("/", f"{self.proc}/{pid}/root"):
-                c = m.path if root == "/" else root + m.path
-                try:
-                    st = os.stat(c)
-                except OSError:
-                    continue
-                if st.st_ino == m.inode and (os.major(st.st_dev), os.minor(st.st_dev)) == m.dev:
-                    libtrust.check_path(root, m.path, m.dev, m.inode)
-                    return c
-        c = f"{self.proc}/{pid}/map_files/{m.start}"
-        if not os.path.exists(c):
-            return None
-        libtrust.check_open_file(c, m.path, m.dev, m.inode)
-        return c
+        close_library(lib_)
 
     def _refuse(self, key: tuple, shown: str, why: str) -> None:
         """Remember a refused file (bounded: a user can make inodes without end) and count it."""
@@ -634,7 +368,7 @@ class CudaProbes:
             return None
         shown = m.path + (" (deleted)" if m.deleted else "")
         try:
-            path = self._resolve(pid, m)
+            path = resolve(self.proc, pid, m)
         except libtrust.Untrusted as e:
             self._refuse(key, shown, f"not trusted: {e}")
             return None
@@ -644,7 +378,7 @@ class CudaProbes:
             self._refuse(key, shown, f"{CAP_REASON} ({self.max_libraries}) files followed already")
             return None
         try:
-            fd = self._pin(path, key)
+            fd = pin(path, key)
         except libtrust.Untrusted as e:
             self._refuse(key, shown, f"not trusted: {e}")
             return None
@@ -733,22 +467,11 @@ class CudaProbes:
         for pid in set(pids) | set(self._fds):
             want: dict[int, int] = {}
             try:
-                for fd in os.listdir(f"{self.proc}/{pid}/fd"):
-                    try:
-                        target = os.readlink(f"{self.proc}/{pid}/fd/{fd}")
-                    except OSError:
-                        continue
-                    if any(fnmatch.fnmatchcase(target, g) for g in self.device_globs):
-                        want[int(fd)] = self._device_id(target)
+                want = ioctl.device_fds(self.proc, pid, self.device_globs, self._device_id)
                 self._gone.pop(pid, None)
             except OSError:
                 self._gone.setdefault(pid, now)
-            have = self._fds.get(pid, {})
-            for fd in have.keys() - want.keys():
-                table.pop(R.NvFdKey(pid, fd), None)
-            for fd, dev in want.items():
-                if have.get(fd) != dev:
-                    table[R.NvFdKey(pid, fd)] = ctypes.c_uint32(dev)
+            ioctl.sync_fd_table(table, pid, self._fds.get(pid, {}), want)
             if want:
                 self._fds[pid] = want
             else:
@@ -789,40 +512,26 @@ class CudaProbes:
         prev, self._ctl_prev = self._ctl_prev, (now, hits, per)
         if prev is None or now <= prev[0]:
             return
-        dt = now - prev[0]
-        rates = {p: {f: (n[f] - prev[2].get(p, n)[f]) / dt for f in LAUNCH_FIELDS} for p, n in per.items()}
-        # counts are scaled in the kernel: estimates of the true rates; the rest of the host's hits are
-        # of processes not watched, taken as one process calling the busiest symbol
-        rest = max(0.0, (hits - prev[1]) / dt - sum(sum(r.values()) for r in rates.values()))
-        if rest > 0:
-            top = max(LAUNCH_FIELDS, key=lambda f: max((r[f] for r in rates.values()), default=0.0))
-            rates[0] = {f: (rest if f == top else 0.0) for f in LAUNCH_FIELDS}
-        # half of the last estimate: a window holds few duty cycles, its count is noisy
-        old = self.rates
-        self.rates = {p: {f: (r[f] + old[p][f]) / 2 if p in old else r[f] for f in LAUNCH_FIELDS}
-                      for p, r in rates.items()}
-        self._set_weights(plan_weights(self._steering(), self.calibration.cost_ns, self._budget(), self.weights),
+        self.rates = gov.window_rates(prev, now, hits, per, self.rates)
+        self._set_weights(gov.plan_weights(self._steering(), self.calibration.cost_ns, self._budget(), self.weights),
                           now)
 
     def _steering(self) -> dict[int, dict[str, float]]:
-        """The rates that set the shared weights. Only GPU users steer: a process that calls
-        cuLaunchKernel without a context (no /dev/nvidia* fd: cuInit opens nvidiactl) would otherwise
-        duty-cycle, and so blind, every real GPU process. The unwatched rest (pid 0) steers only where
-        GPU processes are not watched (process.watch = marked)."""
-        steer = {p: r for p, r in self.rates.items() if (p in self._fds if p else not self.auto_watch)}
+        """The rates that set the shared weights: GPU users' (those with an NVIDIA fd, governor.steering)."""
+        steer = gov.steering(self.rates, self._fds, self.auto_watch)
         self.unsteered = len(self.rates) - len(steer)
         return steer
 
     def _budget(self) -> float:
         """The budget for the probes' counted time: each attach traps for attach_s before it counts."""
-        return self.budget / (1 + self.attach_s / self.slice_s)
+        return gov.counted_budget(self.budget, self.attach_s, self.slice_s)
 
     def set_budget(self, budget: float) -> None:
         """A new budget, applied now from the last rate estimate."""
         with self._lock:
             self.budget = budget
             cost = self.calibration.cost_ns if self.calibration else 0.0
-            self._set_weights(plan_weights(self._steering(), cost, self._budget()), time.monotonic())
+            self._set_weights(gov.plan_weights(self._steering(), cost, self._budget()), time.monotonic())
 
     def _set_weights(self, weights: dict[str, int], now: float) -> None:
         if weights == self.weights:
@@ -838,10 +547,7 @@ class CudaProbes:
         self._update_rows()
 
     def _account(self, st: SymState, now: float) -> None:
-        k = self.weights[st.sym.entry]
-        st.credit += (now - st.last_t) * (1.0 / k - (1.0 if st.events else 0.0))
-        st.credit = max(st.credit, -60.0)  # a debt from a long stall is paid back within a minute
-        st.last_t = now
+        gov.account(st, self.weights[st.sym.entry], now)
 
     def _duty(self, now: float) -> float:
         """Attach / detach launch probes in their turn; the time of the next turn."""
@@ -854,39 +560,16 @@ class CudaProbes:
         return nxt
 
     def _turn(self, lib_: Library, st: SymState) -> float:
-        """One launch probe's turn: attach or detach it if due; when its next turn is."""
-        nxt = time.monotonic() + 1.0
+        """One launch probe's turn: attach or detach it if due; when its next turn is (governor.turn)."""
+        now = time.monotonic()
         k = self.weights[st.sym.entry] if self.governor else 1
-        t = nxt - 1.0
-        self._account(st, t)
-        if k == 1:
-            st.credit = 0.0
-            if not st.events:
-                self._attach_timed(lib_, st)
-            return nxt
-        if st.events:
-            if st.credit <= 0:  # spent: off until a slice's worth is owed again
-                self._detach(st)  # counting stops as the close begins (st.last_t)
-                self.toggles += 1
-                st.last_t = t
-                nxt = min(nxt, t + (self.slice_s * (1 - 1 / k) - st.credit) * k)
-            else:
-                nxt = min(nxt, t + st.credit / (1 - 1 / k))
-        else:
-            owed = self.slice_s * (1 - 1 / k)
-            if st.credit >= owed:
-                if self._attach_timed(lib_, st):
-                    self._account_off_until(st, st.on_since)
-                    nxt = min(nxt, st.on_since + st.credit / (1 - 1 / k))
-            else:
-                nxt = min(nxt, t + (owed - st.credit) * k)
-        return nxt
+        return gov.turn(st, k, self.weights[st.sym.entry], self.slice_s, now,
+                        attach=lambda: self._attach_timed(lib_, st), detach=lambda: self._toggle_off(st))
 
-    def _account_off_until(self, st: SymState, t: float) -> None:
-        """The attach call itself: off until its end (its events are set already)."""
-        k = self.weights[st.sym.entry]
-        st.credit += (t - st.last_t) / k
-        st.last_t = t
+    def _toggle_off(self, st: SymState) -> None:
+        """A duty-cycled probe's off turn."""
+        self._detach(st)
+        self.toggles += 1
 
     def _attach_timed(self, lib_: Library, st: SymState) -> bool:
         try:
@@ -895,7 +578,7 @@ class CudaProbes:
             self.attach_s = 0.8 * self.attach_s + 0.2 * (st.on_since - t0)
             return True
         except Exception as e:
-            # the path is our fd of the file (_pin): it cannot go with a process; no process mapping
+            # the path is our fd of the file (pin): it cannot go with a process; no process mapping
             # the library any more means drop it
             alive = [p for p in lib_.pids if os.path.exists(f"{self.proc}/{p}")]
             if not alive:
@@ -955,15 +638,11 @@ class CudaProbes:
 
     def ioctl_rows(self) -> list[dict]:
         """Per process, device file and request code: count and ns (metric mcp.nvidia.ioctl.*)."""
-        names = {v: k for k, v in self._dev_ids.items()}
-        return [{"pid": k.tgid, "device": names.get(k.dev, f"dev{k.dev}"), "cmd": f"0x{k.cmd:08x}",
-                 "type": f"0x{(k.cmd >> 8) & 0xff:02x}", "nr": k.cmd & 0xff, "count": v.count, "ns": v.ns}
-                for k, v in self.bpf[b"nv_cmd"].items()]
+        return ioctl.ioctl_rows(self.bpf[b"nv_cmd"], self._dev_ids)
 
     def hist_rows(self) -> list[dict]:
         """Per process and kind (ctx, sync, ioctl, alloc, free): log2 buckets, le_ns = 2^(slot+1) - 1."""
-        return [{"pid": k.tgid, "kind": R.HIST_KINDS.get(k.kind, str(k.kind)), "le_ns": (2 << k.slot) - 1,
-                 "count": v.value} for k, v in self.bpf[b"cu_hist"].items()]
+        return ioctl.hist_rows(self.bpf[b"cu_hist"])
 
 
 def probe_report(bpf, plan: ProbePlan, proc_root: str = "/proc") -> str:
@@ -988,190 +667,36 @@ def render_symbols(rows: list[dict]) -> str:
     return "\n".join(f"{a:<{w[0]}}  {b:<{w[1]}}  {c:<{w[2]}}  {d}" for a, b, c, d in lines)
 
 
-# ---- calibration ----
-def _libc_labs():
-    """(path, address, callable) of libc's labs(): tiny, and nothing else in this process calls it."""
-    from bcc import BPF
 
-    libc = ctypes.CDLL("libc.so.6")
-    for line in _read("/proc/self/maps").splitlines():
-        p = line.split(None, 5)
-        if len(p) == 6 and re.search(r"/libc[.-][^/]*so", p[5]):
-            path = p[5]
-            break
-    else:
-        raise RuntimeError("libc not found in /proc/self/maps")
-    addr = BPF._check_path_symbol(path.encode(), b"labs", None, -1)[1]
-    fn = libc.labs
-    fn.argtypes, fn.restype = [ctypes.c_long], ctypes.c_long
-    return path, addr, fn
+class Cuda:
+    """The CUDA capability as the core sees it (core/capability.py): GPU step records -> spans, the
+    per-request findings, and the probes' metrics. probes_of() is the CudaProbes attached to
+    cuda.bpf.c, or None when that program is not attached (no step records come then)."""
 
+    def __init__(self, probes_of, *, telemetry, processes, health):
+        self.probes_of = probes_of
+        self.telemetry, self.processes, self.health = telemetry, processes, health
 
-# ---- the calibration stand-in: code of the agent's own, never a library found in a process ----
-# The per-hit cost of a uprobe depends on the probed instruction: x86 uprobes emulate some (branches,
-# nops, push: arch/x86/kernel/uprobes.c branch_setup_xol_ops/push_setup_xol_ops) in one trap and
-# single-step the rest out of line, a second trap (~7x the cost in the H200 VM). So the stand-in
-# starts with the same first instruction as the library's cuLaunchKernel, copied only from this
-# table of ones that are safe to run on their own, then undoes it and returns 0.
-_RIP32 = object()  # a rip-relative disp32, pointed at a zero qword in the stand-in's own page
-_PROLOGUES: tuple[tuple[bytes, tuple, bytes], ...] = (
-    # (first bytes of the function, instruction to copy, what undoes it)
-    (b"\xf3\x0f\x1e\xfa", (b"\xf3\x0f\x1e\xfa",), b""),  # endbr64
-    *((bytes([0x50 + r]), (bytes([0x50 + r]),), bytes([0x58 + r])) for r in range(8) if r != 4),  # push r
-    *((bytes([0x41, 0x50 + r]), (bytes([0x41, 0x50 + r]),), bytes([0x41, 0x58 + r])) for r in range(8)),
-    (b"\x90", (b"\x90",), b""),
-    (b"\x66\x90", (b"\x66\x90",), b""),
-    (b"\x0f\x1f\x00", (b"\x0f\x1f\x00",), b""),
-    (b"\x0f\x1f\x40\x00", (b"\x0f\x1f\x40\x00",), b""),
-    (b"\x0f\x1f\x44\x00\x00", (b"\x0f\x1f\x44\x00\x00",), b""),
-    (b"\x66\x0f\x1f\x44\x00\x00", (b"\x66\x0f\x1f\x44\x00\x00",), b""),
-    (b"\x0f\x1f\x80\x00\x00\x00\x00", (b"\x0f\x1f\x80\x00\x00\x00\x00",), b""),
-    (b"\x48\x83\xec", None, b""),  # sub $imm8, %rsp: copied with its imm8 (below)
-    (b"\xe9", (b"\xe9\x00\x00\x00\x00",), b""),  # jmp rel32 (a thunk): to the next instruction
-    # loads and compares on a global (rip-relative), into caller-saved registers only
-    *((bytes([0x48, 0x8b, m]), (bytes([0x48, 0x8b, m]), _RIP32), b"") for m in (0x05, 0x0d, 0x15, 0x35, 0x3d)),
-    *((bytes([0x8b, m]), (bytes([0x8b, m]), _RIP32), b"") for m in (0x05, 0x0d, 0x15, 0x35, 0x3d)),
-    (b"\x80\x3d", (b"\x80\x3d", _RIP32, b"\x00"), b""),  # cmpb $imm8, x(%rip)
-    (b"\x83\x3d", (b"\x83\x3d", _RIP32, b"\x00"), b""),  # cmpl $imm8, x(%rip)
-)
-_RET0 = b"\x31\xc0\xc3"  # xor %eax, %eax; ret
-STANDIN_OFFSET = 0x100  # not 0: bcc takes a zero address for "no address"
-STANDIN_SIZE = 0x1000
-_ZERO_AT = 0x800  # the zero qword rip-relative loads read
+    def routes(self) -> dict:
+        return {t: r.with_handlers(self.on_step) for t, r in steps.DECODERS.items()}
 
+    def instruments(self):
+        return cuda_telemetry.INSTRUMENTS
 
-def standin_code(first: bytes) -> tuple[bytes, str]:
-    """(code placed at STANDIN_OFFSET, what its first instruction is) for a function whose first
-    bytes are `first`. An instruction not in _PROLOGUES gives a stand-in starting with endbr64 and
-    says so."""
-    for pre, insn, undo in _PROLOGUES:
-        if not first.startswith(pre):
-            continue
-        if insn is None:  # sub $imm8, %rsp
-            if len(first) < 4:
-                break
-            insn, undo = (first[:4],), b"\x48\x83\xc4" + first[3:4]
-        code = b""
-        for part in insn:
-            if part is _RIP32:  # disp32 from the end of this instruction
-                end = STANDIN_OFFSET + len(code) + 4 + sum(len(p) for p in insn[insn.index(part) + 1:])
-                code += (_ZERO_AT - end).to_bytes(4, "little", signed=True)
-            else:
-                code += part
-        return code + undo + _RET0, code.hex()
-    return b"\xf3\x0f\x1e\xfa" + _RET0, f"not recognised ({first[:8].hex()}): endbr64 in its place"
+    def on_step(self, step: steps.GpuStep) -> None:
+        self.telemetry.span(cuda_telemetry.step_span(step, self.processes.attrs(step.hdr.tgid, step.hdr.comm)))
 
+    @staticmethod
+    def evidence(fr) -> Evidence:
+        found = steps.findings(fr.counters, fr.end_ns - fr.begin_ns)
+        return Evidence({f"mcp.finding.{k}": v for k, v in found.items()})
 
-def first_bytes(path: str, offset: int, n: int = 16) -> bytes:
-    """The first n bytes of the function at file offset `offset` of a (trusted) library: read, never
-    loaded."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(n)
-
-
-class Standin:
-    """The stand-in's code in a memfd of the agent's own, mapped executable here: a file, so uprobes
-    can be attached to it (uprobe_register() takes shmem inodes), and on no file system a user can
-    write or that may be mounted noexec. Call it, attach at (path, STANDIN_OFFSET), close()."""
-
-    def __init__(self, code: bytes):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        self._libc = libc
-        page = bytearray(b"\xcc" * STANDIN_SIZE)  # int3 around the code
-        page[STANDIN_OFFSET:STANDIN_OFFSET + len(code)] = code
-        page[_ZERO_AT:_ZERO_AT + 8] = bytes(8)
-        self.fd = os.memfd_create("mcp-hostagent-calibrate", os.MFD_CLOEXEC)
-        try:
-            os.write(self.fd, bytes(page))
-            addr = libc.mmap(None, STANDIN_SIZE, 0x1 | 0x4, 0x02, self.fd, 0)  # PROT_READ|EXEC, MAP_PRIVATE
-            if addr in (None, ctypes.c_void_p(-1).value):
-                raise OSError(ctypes.get_errno(), f"mmap stand-in: {os.strerror(ctypes.get_errno())}")
-        except Exception:
-            os.close(self.fd)
-            raise
-        self.addr = addr
-        self.path = f"/proc/self/fd/{self.fd}"
-        self.fn = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long)(addr + STANDIN_OFFSET)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            self._libc.munmap(ctypes.c_void_p(self.addr), STANDIN_SIZE)
-            os.close(self.fd)
-            self.fd = -1
-
-
-def calibrate_standin(bpf, lib_path: str | None, symbol: str = "cuLaunchKernel", n: int = 2000,
-                      rounds: int = 7, name: str | None = None) -> Calibration:
-    """Per-hit cost of our launch program on the agent's stand-in for symbol's first instruction in
-    lib_path (read from the file, see Standin); without lib_path, on an endbr64 stand-in."""
-    from bcc import BPF
-
-    first, source = b"", "no library"
-    if lib_path:
-        off = BPF._check_path_symbol(lib_path.encode(), symbol.encode(), None, -1)[1]
-        first = first_bytes(lib_path, off)
-        source = f"{name or os.path.basename(lib_path)}:{symbol}"
-    code, insn = standin_code(first)
-    st = Standin(code)
-    try:
-        c = calibrate(bpf, target=(st.path, STANDIN_OFFSET, st.fn), n=n, rounds=rounds)
-    finally:
-        st.close()
-    return Calibration(c.cost_ns, c.call_ns, f"stand-in for {source} (first instruction {insn})", rounds)
-
-
-def _interleaved(bpf, path: str, addr: int, fn_name: str, pid: int, timed, rounds: int):
-    """Timings without and with our program attached at path:addr for pid only, alternating which
-    goes first each round (drift in these VMs hits both alike): (on, off) lists."""
-    up = uprobes.attacher_for(bpf)
-    on, off = [], []
-    for r in range(rounds):
-        for attached in ((False, True) if r % 2 == 0 else (True, False)):
-            if not attached:
-                off.append(timed())
-                continue
-            h = up.attach(fn_name, path, addr, pid=pid)
-            try:
-                on.append(timed())
-            finally:
-                up.detach(h)
-    return on, off
-
-
-def calibrate(bpf, target=None, n: int = 2000, rounds: int = 7, fn_name: str = "cu_launch") -> Calibration:
-    """Per-hit cost of our launch program on this host: time n calls of a tiny function with it attached
-    (this thread only; this process with uprobe_multi links, whose pid filter is per process) and without,
-    interleaved; the median difference. The calling process is watched meanwhile, so the program takes its
-    full path; its traces are removed afterwards.
-
-    target: (library path, address, callable taking one int) or None for libc's labs()."""
-    path, addr, call = target or _libc_labs()
-    tid, me = threading.get_native_id(), os.getpid()
-    watch, procs, threads = bpf[b"watch_tgid"], bpf[b"proc_stats"], bpf[b"cu_thread"]
-    was_watched = watch.get(ctypes.c_uint32(me)) is not None
-    had_stats = procs.get(ctypes.c_uint32(me)) is not None
-    watch[ctypes.c_uint32(me)] = ctypes.c_uint8(1)
-
-    def timed() -> float:
-        t0 = time.perf_counter_ns()
-        for i in range(n):
-            call(i)
-        return (time.perf_counter_ns() - t0) / n
-
-    try:
-        timed()  # warm
-        pid = tid if uprobes.attacher_for(bpf).mode == uprobes.PERF else me
-        on, off = _interleaved(bpf, path, addr, fn_name, pid, timed, rounds)
-    finally:
-        if not was_watched:
-            watch.pop(ctypes.c_uint32(me), None)
-        if not had_stats:
-            procs.pop(ctypes.c_uint32(me), None)
-        threads.pop(ctypes.c_uint32(tid), None)
-    return Calibration(max(0.0, statistics.median(on) - statistics.median(off)), statistics.median(off),
-                       f"{os.path.basename(path)}@0x{addr:x}", rounds)
+    def publish(self) -> None:
+        """After the map read: the governor's state, ioctl and latency rows; refusals and errors."""
+        probes = self.probes_of()
+        if probes is None:
+            return
+        # distinct libcuda files not followed (agent/cuda/libtrust.py, cuda.max_libraries)
+        self.health.rejected["libcuda_refused"] = probes.refused_total
+        self.health.errors["cuda"] = probes.error_count
+        self.telemetry.publish(cuda_telemetry.rows(probes.governor_status(), probes.ioctl_rows(), probes.hist_rows()))

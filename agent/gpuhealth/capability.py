@@ -1,12 +1,14 @@
-"""GPU and link health, the sources outside BPF: NVML sampler and Xid events (nvml.py), the sysfs PCIe
-poller and downtraining judge (pcie.py), NIC links over netlink (netlink.py); and the health
-tracepoints' records from BPF (health.bpf.c, decoded by tphealth.py): Xids from nvidia:nvidia_dev_xid
-(NVML's Xid events are then left off: the fallback, so no Xid counts twice), AER errors into the
-judge, link changes as an immediate re-poll.
+"""GPU and link health, the sources outside BPF: NVML sampler (nvml.py) and Xid events (xid.py), the
+sysfs PCIe poller and downtraining judge (pcie/sysfs.py, pcie/episodes.py), NIC links over netlink
+(nic/netlink.py); and the health tracepoints' records from BPF (health.bpf.c, decoded by
+health_records.py): Xids from nvidia:nvidia_dev_xid (NVML's Xid events are then left off: the
+fallback, so no Xid counts twice), AER errors into the judge, link changes as an immediate re-poll.
 
-One object the pipeline starts, ticks and stops. Each source reports attached / missing with a
-reason (NVML absent, no netlink) and the rest carry on. Everything here is read by the pipeline's
-thread from the sources' own snapshots; no NVML call happens on the pipeline's thread.
+One object the core starts, ticks and stops (its capability hooks are at the end: routes,
+evidence, instruments). Each source reports attached / missing with a reason (NVML absent, no
+netlink) and the rest carry on. Everything here is read by the agent's thread from the sources' own
+snapshots; no NVML call happens on the agent's thread. A link episode goes to its span
+(pcie/telemetry.py) and to the listeners (the top snapshot).
 """
 
 from __future__ import annotations
@@ -15,10 +17,19 @@ import logging
 from collections import Counter, deque
 from dataclasses import dataclass
 
+from ..core.capability import Evidence
+from ..core.decode import TP_RAW, Route
+from ..core.tracefs import RecordError
+from ..nic import telemetry as nic_telemetry
 from ..nic.netlink import NicWatcher
-from .nvml import NvmlSampler, XidEvent, XidWatcher, normalize_bdf
-from ..pcie.links import AerRecord, LinkEpisode, LinkEventRecord, LinkJudge, PciePoller, XidRecord
-from ..pcie.tracefs import HealthDecoder
+from ..pcie import telemetry as pcie_telemetry
+from ..pcie.episodes import LINK_BUSY_UTIL_PCT, LinkEpisode, LinkJudge
+from ..pcie.records import AerRecord, LinkEventRecord
+from ..pcie.sysfs import PciePoller
+from . import telemetry as T
+from .health_records import HealthDecoder
+from .nvml import NvmlSampler, normalize_bdf
+from .xid import XidEvent, XidRecord, XidWatcher
 
 log = logging.getLogger("mcp_hostagent")
 
@@ -35,7 +46,7 @@ class SourceStatus:
 
 class GpuHealth:
     def __init__(self, *, enabled: bool = True, nic: bool = True, sample_period_s: float = 1.0,
-                 slow_period_s: float = 10.0, busy_util_pct: float = 10.0, nvml_module=None,
+                 slow_period_s: float = 10.0, busy_util_pct: float = LINK_BUSY_UTIL_PCT, nvml_module=None,
                  sysfs_root: str = "/sys"):
         self.enabled, self.nic_enabled = enabled, nic
         self.sampler = NvmlSampler(nvml_module, period_s=sample_period_s, slow_period_s=slow_period_s)
@@ -52,6 +63,9 @@ class GpuHealth:
         self.pcie_events: deque = deque(maxlen=KEEP_EVENTS)  # (name, t_ns, bdf, attributes) from tracepoints
         self.pcie_event_counts: Counter = Counter()  # (event, bdf) -> count
         self._polled_ns = 0
+        self.links: pcie_telemetry.LinkEpisodeSpans | None = None  # once the agent has telemetry
+        self.episode_listeners: list = []  # called with each LinkEpisode (the top snapshot)
+        self.rejected: Counter = Counter()  # the agent's refusals by reason (records that do not fit)
 
     def start(self, bpf_xid: bool = False) -> list[SourceStatus]:
         """bpf_xid: the gpu_xid BPF probe is attached; NVML's Xid events would count each Xid again."""
@@ -93,13 +107,21 @@ class GpuHealth:
         try:
             self.last_pcie = self.pcie.poll()
             self._polled_ns = self.last_pcie.t_ns
-            return self.judge.update(self.last_pcie, util)
+            return self._episodes(self.judge.update(self.last_pcie, util))
         except OSError as e:  # a device vanished mid-read: next poll sees it as gone
             log.debug("pcie poll: %s", e)
             return []
 
+    def _episodes(self, episodes: list[LinkEpisode]) -> list[LinkEpisode]:
+        for ep in episodes:
+            if self.links is not None:
+                self.links.on_episode(ep)
+            for listen in self.episode_listeners:
+                listen(ep)
+        return episodes
+
     def on_tp_raw(self, rec) -> list[LinkEpisode]:
-        """One decode.TpRaw from health.bpf.c, on the pipeline's thread. Raises pcie.RecordError for a
+        """One decode.TpRaw from health.bpf.c, on the pipeline's thread. Raises tracefs.RecordError for a
         record that does not fit its format (the pipeline counts it)."""
         ev = self.tp.decode(rec)
         t_ns = rec.hdr.ts_ns  # bpf_ktime_get_ns(): CLOCK_MONOTONIC, as the NVML events' t_ns
@@ -173,6 +195,28 @@ class GpuHealth:
         out += [(name, t, attrs) for name, t, bdf, attrs in self.pcie_events if t0_ns <= t <= t1_ns and bdf in on_path]
         out += [("mcp.nic.link_event", e.t_ns, e.attributes()) for e in self.nic_events if t0_ns <= e.t_ns <= t1_ns]
         return out
+
+    # ---- as a capability of the core (core/capability.py) ----
+    def routes(self) -> dict[int, Route]:
+        return {t: r.with_handlers(self._on_record) for t, r in TP_RAW.items()}
+
+    def _on_record(self, rec) -> None:
+        try:
+            self.on_tp_raw(rec)
+        except RecordError:
+            self.rejected["tracepoint_record"] += 1
+
+    def attach_telemetry(self, telemetry) -> None:
+        self.links = pcie_telemetry.LinkEpisodeSpans(telemetry)
+
+    def evidence(self, fr) -> Evidence:
+        """The request's window on its process's GPUs: link episodes, samples aggregated, events."""
+        bdfs = set(self.gpus_of(fr.tgid).values())
+        links = self.links.evidence(fr.begin_ns, fr.end_ns, bdfs) if self.links is not None else Evidence()
+        return links + T.evidence(self, fr)
+
+    def instruments(self) -> list:
+        return [*T.instruments(self), *pcie_telemetry.instruments(self, self.links), *nic_telemetry.instruments(self)]
 
     def stop(self) -> None:
         for src in (self.sampler, self.xid, self.nics):

@@ -1,4 +1,4 @@
-"""GPU health from NVML: one wrapper for every call, a sampler, and an Xid event watcher.
+"""GPU health from NVML: one wrapper for every call and a sampler (NVML's Xid events: xid.py).
 
 Source: libnvidia-ml through nvidia-ml-py (`pynvml`, injectable so tests pass a module that replays
 samples recorded on an H200); no BPF. The pipeline never calls NVML: it reads immutable snapshots that
@@ -16,7 +16,6 @@ Driver facts relied on (seen on an H200, driver 580.159, tests/fixtures/gpu/):
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 import time
@@ -42,7 +41,6 @@ THROTTLE_REASONS = (
     (0x008, "hw_slowdown"), (0x010, "sync_boost"), (0x020, "sw_thermal_slowdown"),
     (0x040, "hw_thermal_slowdown"), (0x080, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
 )
-XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError: eventData is the Xid number
 PCIE_TX, PCIE_RX = 0, 1  # nvmlPcieUtilCounter_t
 CLOCK_SM, CLOCK_MEM = 1, 2  # nvmlClockType_t
 MEMORY_V2 = 0x02000028  # nvmlMemory_v2: sizeof(nvmlMemory_v2_t) | 2 << 24
@@ -573,140 +571,3 @@ class NvmlSampler:
                     self._down_gen[gpu.index] = gen + 1
                     gpu.busy_since = None  # reported once; the worker re-arms it when the call returns
                     self._down(gpu, f"hung: {gpu.in_call} did not return within {self.timeout_ns / 1e9:g} s", now)
-
-
-# --- Xid events ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class XidEvent:
-    t_ns: int  # CLOCK_MONOTONIC when NVML delivered it
-    gpu_index: int | None
-    uuid: str | None
-    pci_bus_id: str | None
-    xid: int
-    source: str = "nvml"  # nvml | bpf (the nvidia:nvidia_dev_xid tracepoint, agent/tphealth.py)
-    msg: str | None = None  # the driver's text (tracepoint only)
-    pid: int | None = None  # the faulting process, where the driver's text names it
-
-
-class XidWatcher:
-    """NVML Xid events (nvmlEventTypeXidCriticalError) on their own thread: nvmlEventSetWait blocks up
-    to wait_ms, so stop() returns within about that. Degrades with a reason where the driver cannot
-    deliver them. Where the driver has the nvidia:nvidia_dev_xid tracepoint, the agent's gpu_xid BPF
-    probe delivers Xids (with the driver's text) and this watcher is not started: it is the fallback.
-    An H200 on driver 580 delivered a deliberate Xid 31 through both."""
-
-    def __init__(self, module=None, *, nvml: Nvml | None = None, wait_ms: int = 500, max_events: int = 1024,
-                 on_event: Callable[[XidEvent], None] | None = None, clock: Callable[[], int] = time.monotonic_ns):
-        self.nvml = nvml or Nvml(module)
-        self.wait_ms = wait_ms
-        self.on_event = on_event
-        self._clock = clock
-        self._events: deque[XidEvent] = deque(maxlen=max_events)
-        self.counts: dict[int, int] = {}  # xid -> count, for mcp.gpu.xid metrics
-        self.state = "stopped"
-        self.reason: str | None = None
-        self.unregistered: dict[int, str] = {}  # gpu index -> why it gets no Xid events
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._set = None
-        self._handles: list[tuple[int, object, str | None, str | None]] = []
-
-    def start(self) -> bool:
-        if not self.nvml.init():
-            self.state, self.reason = "degraded", self.nvml.reason
-            return False
-        try:
-            self._set = self.nvml.raw("nvmlEventSetCreate")
-            for i in range(self.nvml.call("nvmlDeviceGetCount") or 0):
-                h = self.nvml.call("nvmlDeviceGetHandleByIndex", i)
-                supported = self.nvml.call("nvmlDeviceGetSupportedEventTypes", h, na_key=f"gpu{i}")
-                if supported is not NA and not supported & XID_EVENT:
-                    self.unregistered[i] = "Xid events not in nvmlDeviceGetSupportedEventTypes"
-                    continue
-                try:
-                    self.nvml.raw("nvmlDeviceRegisterEvents", h, XID_EVENT, self._set)
-                except NvmlError as e:
-                    self.unregistered[i] = str(e)
-                    continue
-                uuid = self.nvml.call("nvmlDeviceGetUUID", h)
-                pci = self.nvml.call("nvmlDeviceGetPciInfo", h)
-                self._handles.append((i, h, uuid.decode() if isinstance(uuid, bytes) else uuid,
-                                      normalize_bdf(getattr(pci, "busId", None))))
-        except NvmlError as e:
-            self.state, self.reason = "degraded", f"NVML events unavailable: {e}"
-            return False
-        if not self._handles:
-            self.state, self.reason = "degraded", "no GPU accepts Xid events: " + "; ".join(
-                f"gpu{i}: {r}" for i, r in self.unregistered.items())
-            return False
-        self.state = "running"
-        self._thread = threading.Thread(target=self._run, name="mcp-nvml-xid", daemon=True)
-        self._thread.start()
-        return True
-
-    def stop(self, timeout_s: float | None = None) -> bool:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s if timeout_s is not None else self.wait_ms / 1000 + 1.0)
-            if self._thread.is_alive():
-                return False
-        if self._set is not None:
-            try:
-                self.nvml.raw("nvmlEventSetFree", self._set)
-            except NvmlError:
-                pass
-            self._set = None
-        self.state = "stopped"
-        return True
-
-    def drain(self) -> list[XidEvent]:
-        out = []
-        while self._events:
-            out.append(self._events.popleft())
-        return out
-
-    def _device_of(self, handle):
-        addr = _address(handle)
-        found = ((i, u, b) for i, h, u, b in self._handles if h is handle or _address(h) == addr)
-        return next(found, (None, None, None))
-
-    def _run(self) -> None:
-        errors = 0
-        while not self._stop.is_set():
-            try:
-                data = self._module_wait()
-            except NvmlError as e:
-                errors += 1
-                backoff = min(60.0, 0.5 * 2 ** min(errors, 7))
-                self.reason = f"nvmlEventSetWait: {e}; retry in {backoff:g} s"
-                self._stop.wait(backoff)
-                continue
-            errors = 0
-            if data is None:
-                continue
-            if getattr(data, "eventType", XID_EVENT) & XID_EVENT:
-                index, uuid, bdf = self._device_of(getattr(data, "device", None))
-                ev = XidEvent(self._clock(), index, uuid, bdf, int(data.eventData))
-                self.counts[ev.xid] = self.counts.get(ev.xid, 0) + 1
-                self._events.append(ev)
-                if self.on_event:
-                    self.on_event(ev)
-
-    def _module_wait(self):
-        """One nvmlEventSetWait; None on its timeout (NVML_ERROR_TIMEOUT is how it says "nothing")."""
-        try:
-            return self.nvml.module.nvmlEventSetWait(self._set, self.wait_ms)
-        except self.nvml.module.NVMLError as e:
-            if getattr(e, "value", None) == TIMEOUT:
-                return None
-            raise NvmlError("nvmlEventSetWait", getattr(e, "value", None), str(e)) from None
-
-
-def _address(handle):
-    """An NVML handle's address: the event's device and our handle are different ctypes objects."""
-    try:
-        return ctypes.cast(handle, ctypes.c_void_p).value
-    except (TypeError, ctypes.ArgumentError):
-        return id(handle)

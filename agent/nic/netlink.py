@@ -34,6 +34,11 @@ RTMGRP_LINK = 0x1
 SIOCETHTOOL, ETHTOOL_GSET = 0x8946, 0x1
 NETNS_RUN_DIR = "/var/run/netns"  # where `ip netns` and pyroute2 keep named namespaces
 
+# A carrier that comes back after a loss is a flap, counted over this window (NicWatcher's default);
+# this many in the window make the comeback a "flapping" finding in top.
+NIC_FLAP_WINDOW_S = 60.0
+NIC_FLAPPING = 3
+
 
 @dataclass(frozen=True)
 class NicState:
@@ -122,8 +127,9 @@ class NicWatcher:
     """Watches every interface of a network namespace (the agent's own by default). Events are kept in a
     bounded queue (drain()) and passed to on_event from the watcher thread; links() is a snapshot."""
 
-    def __init__(self, *, netns: str | None = None, sysfs_root: str = "/sys", flap_window_s: float = 60.0,
-                 max_events: int = 4096, on_event: Callable[[LinkEvent], None] | None = None,
+    def __init__(self, *, netns: str | None = None, sysfs_root: str = "/sys",
+                 flap_window_s: float = NIC_FLAP_WINDOW_S, max_events: int = 4096,
+                 on_event: Callable[[LinkEvent], None] | None = None,
                  ignore: Callable[[str], bool] = lambda name: name == "lo", clock=time.monotonic_ns):
         self.netns = netns
         self.sysfs_root = sysfs_root

@@ -12,7 +12,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from . import traceparent as tp
-from ..core.decode import Counters, ProcExit, ReclaimStall, ReqBegin, ReqEnd
+from ..core.decode import Counters
+from ..reclaim.records import ReclaimStall
+from .records import ProcExit, ReqBegin, ReqEnd
 
 MAX_STALLS_PER_REQUEST = 64  # child spans per request; the counters on the request span still sum all
 ERROR_REASONS = {"thread_exit", "process_exit", "expired", "id_mismatch", "superseded"}
@@ -39,10 +41,10 @@ class FinishedRequest:
 
 
 class RequestJoiner:
-    def __init__(self) -> None:
+    def __init__(self, rejected: Counter | None = None) -> None:
         self.open: dict[tuple[int, int], ReqBegin] = {}
         self.stalls: dict[tuple[int, int], list[ReclaimStall]] = {}
-        self.rejected: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter() if rejected is None else rejected  # by reason
 
     def on_begin(self, rec: ReqBegin) -> None:
         key = (rec.hdr.tgid, rec.hdr.tid)

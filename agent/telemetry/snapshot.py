@@ -1,7 +1,7 @@
 """What `mcp-agent top` shows, as one immutable Snapshot built per pipeline tick.
 
 The pipeline feeds a SnapshotBuilder on its own thread: on_request(fr) for each finished request,
-on_tick(agent) after each map read (per-process counters, kswapd, storms, NVML's latest samples).
+on_tick(state) after each map read (per-process counters, kswapd, storms, NVML's latest samples).
 Readers on any other thread (the TUI, the control socket) call latest(): a frozen object replaced
 whole each tick, never mutated, so reading it takes no lock and never waits on BPF or NVML. NVML
 is read only through the sampler's published snapshot() (its own threads make the calls), so a hung
@@ -32,6 +32,8 @@ from typing import Any, Mapping
 
 from ..reclaim import memstat
 from ..core.identity import sanitize_text
+from ..nic.netlink import NIC_FLAP_WINDOW_S, NIC_FLAPPING
+from ..pcie.episodes import LINK_BUSY_UTIL_PCT, link_degraded
 
 log = logging.getLogger("mcp_hostagent")
 
@@ -47,15 +49,6 @@ PROC_HISTORY_S = 60.0  # a process with no counters keeps its request history th
 # second, summed over the process's threads), about 5000 switches/s at the 8-15 us per push the
 # seeds measured. Cleared (hysteresis) below half of it.
 CTX_HEAVY_MS_PER_S = 50.0
-# A link below its maximum speed counts as degraded only while the GPU is at least pcie.busy_util_pct
-# busy: NVIDIA GPUs drop to Gen1 at idle on purpose (the same setting and rule as pcie.LinkJudge's
-# speed_under_load, so top and the spans agree). A narrower width than the maximum is degraded always.
-LINK_BUSY_UTIL_PCT = 10.0  # pcie.busy_util_pct's default
-
-# NIC findings: a carrier that comes back after a loss is a flap (netlink.NicWatcher counts them over
-# its flap window, 60 s); this many in the window make the comeback a "flapping" finding.
-NIC_FLAP_WINDOW_S = 60.0
-NIC_FLAPPING = 3
 MAX_NICS = 256  # interfaces listed in a snapshot (a node with many pods has a veth per pod)
 
 LAUNCH_FIELDS = ("cu_launch", "cu_launch_ptsz", "cu_launch_ex", "cu_launch_ex_ptsz", "cu_graph_launch")
@@ -204,6 +197,20 @@ class AgentView:
 
 
 @dataclass(frozen=True)
+class TickState:
+    """What the agent hands the builder once a tick: plain state of the capabilities, read here on the
+    agent's thread only (nothing in it is mutated while the builder reads it)."""
+
+    proc_rows: Mapping = field(default_factory=dict)  # pid -> (identity attributes, cumulative Counters)
+    kswapd: Any = None  # reclaim.rule.KswapdTracker
+    open_storms: tuple = ()  # reclaim.rule.Episode, open
+    gpu: Any = None  # gpuhealth.GpuHealth: NVML sampler, Xid, PCIe snapshot, NIC events
+    nvml: Any = None  # an NVML sampler when there is no GpuHealth (tests, fixtures)
+    to_wall: Any = None  # kernel-monotonic ns -> wall ns
+    agent: AgentView = field(default_factory=AgentView)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     schema: int = SCHEMA
     source: str = "local"  # local (this process runs the probes) | socket (a running agent's)
@@ -308,15 +315,6 @@ def ctx_ms_per_s(prev, cur, dt_s: float) -> float:
     if prev is None or dt_s <= 0:
         return 0.0
     return max(0, _c(cur, "cu_ctx_ns") - _c(prev, "cu_ctx_ns")) / 1e6 / dt_s
-
-
-def link_degraded(gen, gen_max, width, width_max, util_pct, busy_util_pct: float = LINK_BUSY_UTIL_PCT) -> str | None:
-    """Why a link counts as degraded on one reading, or None (see LINK_BUSY_UTIL_PCT)."""
-    if width and width_max and width < width_max:
-        return f"width x{width} < x{width_max}"
-    if gen and gen_max and gen < gen_max and util_pct is not None and util_pct >= busy_util_pct:
-        return f"Gen{gen} < Gen{gen_max} at {util_pct:.0f}% util"
-    return None
 
 
 def parse_meminfo(text: str) -> dict[str, int]:
@@ -519,24 +517,24 @@ class SnapshotBuilder:
         """An nvml.XidEvent (safe from the watcher's thread: deque.append is atomic)."""
         self._xids.append(ev)
 
-    def on_tick(self, agent) -> None:
+    def on_tick(self, state: "TickState") -> None:
         """Build and publish the next snapshot from the agent's state after a map read. A failure
         keeps the previous snapshot and is logged at most every 30 s: the view must not stop the agent."""
         try:
-            self._build(agent)
+            self._build(state)
         except Exception:
             self.errors += 1
             if time.monotonic() - self._last_error_log > 30:
                 self._last_error_log = time.monotonic()
                 log.exception("building the top snapshot failed (%d so far)", self.errors)
 
-    def _build(self, agent) -> None:
+    def _build(self, state: "TickState") -> None:
         now = self._clock()
         dt = (now - self._prev_tick_ns) / 1e9 if self._prev_tick_ns else 0.0
         self._prev_tick_ns = now
         wall = self._wall()
-        gh = getattr(agent, "gpu", None)  # gpuhealth.GpuHealth: NVML sampler, Xid watcher, PCIe poller
-        nvml = getattr(agent, "nvml", None) or getattr(gh, "sampler", None)
+        gh = state.gpu  # gpuhealth.GpuHealth: NVML sampler, Xid watcher, PCIe poller
+        nvml = state.nvml or getattr(gh, "sampler", None)
         if gh is not None:
             if getattr(gh, "last_pcie", None) is not None:
                 self._pcie = gh.last_pcie
@@ -550,8 +548,8 @@ class SnapshotBuilder:
                 samples = dict(nvml.snapshot())
             except Exception:  # a sampler in a bad state must not cost the tick
                 samples = {}
-        host = self._host(agent, dt, samples, nvml, wall)
-        rows = getattr(agent, "proc_rows", None) or {}
+        host = self._host(state, dt, samples, nvml, wall)
+        rows = state.proc_rows or {}
         procs = self._processes(rows, now, dt, samples, nvml, wall)
         containers = self._containers(procs, now)
         recent = tuple(r for pid in (p.pid for p in procs) if pid in self._hist
@@ -560,7 +558,7 @@ class SnapshotBuilder:
         self._latest = Snapshot(
             source=self.source, seq=self._seq, t_wall_ns=wall, interval_s=round(dt, 3), host=host,
             processes=tuple(procs), containers=tuple(containers), findings=tuple(reversed(self._findings)),
-            requests=recent, agent=self._agent_view(agent))
+            requests=recent, agent=state.agent)
 
     # ---- parts ----
     def _history(self, pid: int) -> _ProcHistory:
@@ -575,29 +573,28 @@ class SnapshotBuilder:
     def _find(self, wall: int, kind: str, subject: str, text: str) -> None:
         self._findings.append(Finding(wall, kind, sanitize_text(subject, 128), sanitize_text(text, 256)))
 
-    def _host(self, agent, dt, samples, nvml, wall) -> HostView:
+    def _host(self, state, dt, samples, nvml, wall) -> HostView:
         mem = parse_meminfo(memstat.read_text(f"{self.proc_root}/meminfo"))
         psi = memstat.read_psi(f"{self.proc_root}/pressure/memory")
-        kt = getattr(agent, "kswapd", None)
+        kt = state.kswapd
         kswapd = []
         if kt is not None:
             now = self._clock()
             for n in sorted(self._nodes | kt.nodes()):
                 active = kt.active_ns(now - int(dt * 1e9), now, n) / (dt * 1e9) * 100 if dt > 0 else 0.0
                 kswapd.append(KswapdView(n, n in kt.awake_since, round(min(active, 100.0), 1)))
-        tel = getattr(agent, "telemetry", None)
-        opened = list(tel.open_storms()) if tel is not None else []
-        self._storm_findings(agent, opened, wall)
+        opened = list(state.open_storms)
+        self._storm_findings(state, opened, wall)
         gpus = self._gpus(samples, wall)
         xid_total = None
-        xw = getattr(agent, "xid", None) or getattr(getattr(agent, "gpu", None), "xid", None)
+        xw = getattr(state.gpu, "xid", None)
         if xw is not None and isinstance(getattr(xw, "counts", None), dict):
             xid_total = sum(xw.counts.values())
         elif self._xid_by_gpu:
             xid_total = sum(v[0] for v in self._xid_by_gpu.values())
-        gh = getattr(agent, "gpu", None)
+        gh = state.gpu
         if gh is not None:
-            self._nic_events(gh, self._wall_of(agent, wall))
+            self._nic_events(gh, self._wall_of(state, wall))
         nic_src = getattr(gh, "sources", {}).get("nic_netlink")
         if gh is None:
             nic_state = "not wired"
@@ -623,13 +620,12 @@ class SnapshotBuilder:
             storm_scopes=tuple(sanitize_text(e.scope, 128) for e in opened), gpus=gpus, xid_total=xid_total,
             nvml=nvml_state, nics=self._nics(gh, self._clock()) if gh is not None else (), nic=nic_state)
 
-    def _wall_of(self, agent, wall: int):
+    def _wall_of(self, state, wall: int):
         """Kernel-monotonic ns -> wall ns (CLOCK_MONOTONIC: BPF timestamps and netlink events alike)."""
-        tb = getattr(agent, "timebase", None)
-        return self._to_wall or (tb.to_wall_ns if tb is not None else (lambda ns: wall))
+        return self._to_wall or state.to_wall or (lambda ns: wall)
 
-    def _storm_findings(self, agent, opened, wall) -> None:
-        to_wall = self._wall_of(agent, wall)
+    def _storm_findings(self, state, opened, wall) -> None:
+        to_wall = self._wall_of(state, wall)
         now_open = {id(e): e for e in opened}
         for k, e in now_open.items():
             if k not in self._storms:
@@ -800,14 +796,3 @@ class SnapshotBuilder:
                 ioctls_per_s=total("ioctls_per_s"), faults_per_s=total("faults_per_s"),
                 reclaim_ms_per_s=total("reclaim_ms_per_s"), offcpu_pct=total("offcpu_pct")))
         return out
-
-    def _agent_view(self, agent) -> AgentView:
-        h = getattr(agent, "health", None)
-        plan = getattr(agent, "plan", None)
-        c = plan.counts() if plan is not None else {}
-        joiner = getattr(agent, "joiner", None)
-        return AgentView(
-            probes_attached=c.get("attached", 0), probes_total=len(plan.statuses) if plan is not None else 0,
-            lost_kernel=h.kernel_lost() if h is not None else 0, lost_user=h.user_lost if h is not None else 0,
-            requests_total=sum(h.requests.values()) if h is not None else 0,
-            open_requests=len(joiner.open) if joiner is not None else 0)

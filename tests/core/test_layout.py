@@ -1,4 +1,4 @@
-"""Every struct in bpf/mcp_records.h against its ctypes mirror in agent/records.py: the host C
+"""Every struct in bpf/mcp_records.h against its ctypes mirror in agent/core/records.py: the host C
 compiler reports sizeof/offsetof, so a field added on one side only fails here."""
 
 from __future__ import annotations

@@ -53,16 +53,13 @@ def gpu(build):
     fake NVIDIA device glob, no governor budget pressure); GPU step records are also collected here."""
     from mcp_hostagent.cuda import capability as cuda
 
+    from mcp_hostagent.core.decode import Route
+    from mcp_hostagent.cuda.steps import EV_GPU_STEP
+
     ra = RunningAgent({"process.watch": "gpu"})
     steps = []
-    orig_handle = ra.agent._handle
-
-    def handle(rec):
-        if isinstance(rec, cuda.GpuStep):
-            steps.append(rec)
-        return orig_handle(rec)
-
-    ra.agent._handle = handle
+    r = ra.agent.routes[EV_GPU_STEP]
+    ra.agent.routes[EV_GPU_STEP] = Route(r.struct, r.build, (steps.append, *r.handlers))
     if ra.agent.cuda is not None:  # the pipeline's own, replaced by one with test settings
         ra.agent.cuda.stop()
     cp = cuda.CudaProbes(ra.agent.bpf, ra.agent.plan, budget=1.0, device_globs=("/dev/nvidia*", FAKE_DEV_GLOB),

@@ -1,4 +1,4 @@
-"""agent/uprobes.py on the real kernel: the uprobe_multi feature probe, counts through either mechanism on
+"""agent/cuda/uprobes.py on the real kernel: the uprobe_multi feature probe, counts through either mechanism on
 the stand-in libcuda (tests/c/fake_libcuda.c, driven by tests/c/cuda_driver.c), the pid filter, and
 detach time (the reason for multi links: perf-event uprobes wait out a grace period each)."""
 

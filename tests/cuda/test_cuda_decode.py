@@ -1,5 +1,6 @@
-"""agent/cuda.py's pure parts: the GPU step record, /proc/PID/maps parsing, the governor's weights, the
-syscall layout check, and the facts recorded on the H200 host (tests/fixtures/cuda) that they rely on."""
+"""agent/cuda's pure parts: the GPU step record (steps.py), /proc/PID/maps parsing (finder.py), the
+governor's weights (governor.py), the syscall layout check (ioctl.py), and the facts recorded on the
+H200 host (tests/fixtures/cuda) that they rely on."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 
 import pytest
 
-from mcp_hostagent.cuda import capability as cuda
+from mcp_hostagent.cuda import finder, governor, ioctl, steps, symbols
 from mcp_hostagent.core import records as R
 from mcp_hostagent.core.decode import DecodeError
 
@@ -18,7 +19,7 @@ FIX = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 
 def _step(**over) -> bytes:
     e = R.EvGpuStep()
-    e.h.type, e.h.size, e.h.tgid, e.h.tid, e.h.ts_ns = cuda.EV_GPU_STEP, ctypes.sizeof(e), 10, 11, 5_000
+    e.h.type, e.h.size, e.h.tgid, e.h.tid, e.h.ts_ns = steps.EV_GPU_STEP, ctypes.sizeof(e), 10, 11, 5_000
     e.h.comm = b"python3"
     e.begin_ns, e.sync_ns, e.sync_kind = 1_000, 700, R.C["MCP_CU_SYNC_CTX"]
     e.c.cu_launch_ex, e.c.cu_launch, e.c.cu_syncs, e.c.cu_sync_ns = 800, 3, 1, 700
@@ -28,7 +29,7 @@ def _step(**over) -> bytes:
 
 
 def test_decode_step():
-    s = cuda.decode_step(_step())
+    s = steps.decode_step(_step())
     assert (s.hdr.tgid, s.hdr.tid, s.hdr.comm, s.begin_ns, s.hdr.ts_ns) == (10, 11, b"python3", 1_000, 5_000)
     assert s.sync_kind == "ctx" and s.sync_ns == 700 and s.launches == 803 and s.counters.cu_syncs == 1
 
@@ -36,7 +37,7 @@ def test_decode_step():
 @pytest.mark.parametrize("raw,reason", [(_step()[:40], "short"), (_step(sync_kind=9), "bad_field")])
 def test_decode_step_rejects(raw, reason):
     with pytest.raises(DecodeError) as e:
-        cuda.decode_step(raw)
+        steps.decode_step(raw)
     assert e.value.reason == reason
 
 
@@ -44,7 +45,7 @@ def test_decode_step_rejects_other_types():
     raw = bytearray(_step())
     raw[0:2] = (2).to_bytes(2, "little")
     with pytest.raises(DecodeError):
-        cuda.decode_step(bytes(raw))
+        steps.decode_step(bytes(raw))
 
 
 MAPS = """\
@@ -57,30 +58,30 @@ MAPS = """\
 
 
 def test_libcuda_mappings():
-    ms = cuda.libcuda_mappings(MAPS)
+    ms = finder.libcuda_mappings(MAPS)
     assert [(m.dev, m.inode, m.path, m.deleted) for m in ms] == [
         ((0xFE, 0x10), 42, "/usr/local/nvidia/lib64/libcuda.so.580.159.04", False),
         ((0x00, 0x30), 77, "/usr/lib/libcuda.so.1", True)]
     assert ms[0].start == "7f1a00000000-7f1a00200000"
-    assert cuda.libcuda_mappings("") == []
+    assert finder.libcuda_mappings("") == []
 
 
 def test_plan_weights():
     c = 1324.0  # ns per hit, the H200's
     # 98k cuLaunchKernel/s (the H200 add_ loop): 13% attached -> 7 at a 2% budget; idle symbols stay exact
-    w = cuda.plan_weights({1: {"cu_launch": 98_000.0}}, c, 0.02)
+    w = governor.plan_weights({1: {"cu_launch": 98_000.0}}, c, 0.02)
     assert w == {"cu_launch": 7, "cu_launch_ptsz": 1, "cu_launch_ex": 1, "cu_launch_ex_ptsz": 1}
     # under budget: exact
-    assert set(cuda.plan_weights({1: {"cu_launch_ex": 8_000.0}}, c, 0.02).values()) == {1}
+    assert set(governor.plan_weights({1: {"cu_launch_ex": 8_000.0}}, c, 0.02).values()) == {1}
     # two busy symbols of one process share the weight; the busiest process decides
-    w = cuda.plan_weights({1: {"cu_launch": 40_000.0, "cu_launch_ex": 40_000.0}, 2: {"cu_launch": 1_000.0}}, c, 0.02)
+    w = governor.plan_weights({1: {"cu_launch": 40_000.0, "cu_launch_ex": 40_000.0}, 2: {"cu_launch": 1_000.0}}, c, 0.02)
     assert w["cu_launch"] == w["cu_launch_ex"] == 6
     # a rarely called symbol's exact share is taken off the budget of the busy ones
-    w = cuda.plan_weights({1: {"cu_launch": 98_000.0, "cu_launch_ptsz": 1_500.0}}, c, 0.02)
+    w = governor.plan_weights({1: {"cu_launch": 98_000.0, "cu_launch_ptsz": 1_500.0}}, c, 0.02)
     assert w["cu_launch_ptsz"] == 1 and w["cu_launch"] == 8
     # down only with headroom: 7 -> 6 is held, 7 -> 3 is not
-    assert cuda.plan_weights({1: {"cu_launch": 85_000.0}}, c, 0.02, {"cu_launch": 7})["cu_launch"] == 7
-    assert cuda.plan_weights({1: {"cu_launch": 40_000.0}}, c, 0.02, {"cu_launch": 7})["cu_launch"] == 3
+    assert governor.plan_weights({1: {"cu_launch": 85_000.0}}, c, 0.02, {"cu_launch": 7})["cu_launch"] == 7
+    assert governor.plan_weights({1: {"cu_launch": 40_000.0}}, c, 0.02, {"cu_launch": 7})["cu_launch"] == 3
 
 
 def test_syscall_layout_ok(tmp_path):
@@ -90,16 +91,16 @@ def test_syscall_layout_ok(tmp_path):
            "\tfield:unsigned int fd;\toffset:16;\tsize:8;\tsigned:0;\n"
            "\tfield:unsigned int cmd;\toffset:24;\tsize:8;\tsigned:0;\n")
     (d / "format").write_text(fmt)
-    assert cuda.syscall_layout_ok(str(tmp_path)) is None
+    assert ioctl.syscall_layout_ok(str(tmp_path)) is None
     (d / "format").write_text(fmt.replace("offset:24", "offset:20"))
-    assert "cmd" in cuda.syscall_layout_ok(str(tmp_path))
-    assert "not readable" in cuda.syscall_layout_ok(str(tmp_path / "nope"))
+    assert "cmd" in ioctl.syscall_layout_ok(str(tmp_path))
+    assert "not readable" in ioctl.syscall_layout_ok(str(tmp_path / "nope"))
 
 
 def test_every_probed_symbol_is_exported_by_driver_580():
     with open(os.path.join(FIX, "libcuda_symbols.json")) as f:
         funcs = set(json.load(f)["functions"])
-    assert {s.name for s in cuda.SYMBOLS} <= funcs
+    assert {s.name for s in symbols.SYMBOLS} <= funcs
 
 
 def test_uvm_ioctls_have_no_type_byte():
@@ -123,6 +124,6 @@ def test_findings():
     from mcp_hostagent.core.decode import Counters
 
     c = Counters(cu_ctx_ns=600_000, cu_sync_ns=2_000_000, nv_ioctl_ns=100_000)
-    assert cuda.findings(c, 10_000_000) == {"cuda.ctx_switch_heavy": 0.06}
-    assert cuda.findings(c, 3_000_000) == {"cuda.ctx_switch_heavy": 0.2, "cuda.sync_bound": 0.6667}
-    assert cuda.findings(c, 0) == {}
+    assert steps.findings(c, 10_000_000) == {"cuda.ctx_switch_heavy": 0.06}
+    assert steps.findings(c, 3_000_000) == {"cuda.ctx_switch_heavy": 0.2, "cuda.sync_bound": 0.6667}
+    assert steps.findings(c, 0) == {}

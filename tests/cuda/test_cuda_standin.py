@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from mcp_hostagent.cuda import capability as cuda
+from mcp_hostagent.cuda import calibrate
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "cuda", "h200_calibration_result.json")
 
@@ -22,14 +22,14 @@ def _recorded() -> dict:
 
 @pytest.mark.parametrize("symbol, row", sorted(_recorded()["first_bytes"].items()))
 def test_standin_copies_the_h200_libcuda_first_instruction(symbol, row):
-    code, insn = cuda.standin_code(bytes.fromhex(row["hex"]))
+    code, insn = calibrate.standin_code(bytes.fromhex(row["hex"]))
     assert insn == row["standin"] == "55"  # push %rbp
     assert code == b"\x55\x5d\x31\xc0\xc3"  # push %rbp; pop %rbp; xor %eax,%eax; ret
 
 
 def _first_bytes_of_every_prologue() -> list[bytes]:
     out = []
-    for pre, insn, _undo in cuda._PROLOGUES:
+    for pre, insn, _undo in calibrate._PROLOGUES:
         out.append(pre + b"\x08" + bytes(16) if insn is None else pre + bytes(16))
     return out
 
@@ -38,9 +38,9 @@ def _first_bytes_of_every_prologue() -> list[bytes]:
 def test_every_standin_runs_and_returns(first):
     """Executed for real (memfd, mapped R|X): each prologue's copy is undone and the call returns 0,
     the stack intact (a wrong undo would crash this process)."""
-    code, insn = cuda.standin_code(first)
+    code, insn = calibrate.standin_code(first)
     assert not insn.startswith("not recognised"), insn
-    st = cuda.Standin(code)
+    st = calibrate.Standin(code)
     try:
         assert [st.fn(i) for i in range(3)] == [0, 0, 0]
     finally:
@@ -48,9 +48,9 @@ def test_every_standin_runs_and_returns(first):
 
 
 def test_an_unknown_first_instruction_is_said_and_still_safe():
-    code, insn = cuda.standin_code(bytes.fromhex("c5f877") + bytes(13))  # vzeroupper: not in the table
+    code, insn = calibrate.standin_code(bytes.fromhex("c5f877") + bytes(13))  # vzeroupper: not in the table
     assert insn == "not recognised (c5f8770000000000): endbr64 in its place"
-    st = cuda.Standin(code)
+    st = calibrate.Standin(code)
     try:
         assert st.fn(7) == 0
     finally:

@@ -1,4 +1,4 @@
-"""agent/libtrust.py against real files: which libcuda files the agent follows (issue 11). Root
+"""agent/cuda/libtrust.py against real files: which libcuda files the agent follows (issue 11). Root
 creates them and hands some to uid 4242, as a hostile user's files would be."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The GPU and PCIe health tracepoints (bpf/health.bpf.c, agent/tphealth.py, gpuhealth.py).
+"""The GPU and PCIe health tracepoints (bpf/health.bpf.c, gpuhealth/health_records.py, gpuhealth/capability.py).
 
 nvidia:nvidia_dev_xid, ras:aer_event and pci:pcie_link_event are all absent on this machine (only the
 Xid one exists on the H200 host, tests/fixtures/gpu). So:
@@ -28,11 +28,12 @@ from mcp_hostagent.core import decode as D
 from mcp_hostagent.core import probes
 from mcp_hostagent.core import records as R
 from mcp_hostagent.core.kernel import tracepoint_exists
-from mcp_hostagent.gpuhealth.nvml import XidEvent
-from mcp_hostagent.pcie.links import (
-    MISSING_WHY, PCIE_LINK_EVENT_FORMAT, PciePoller, XidRecord, iter_trace_page, parse_format,
-)
-from mcp_hostagent.pcie.tracefs import HealthDecoder, TpFields
+from mcp_hostagent.core.tracefs import iter_trace_page, parse_format
+from mcp_hostagent.gpuhealth.health_records import HealthDecoder, TpFields
+from mcp_hostagent.gpuhealth.tracepoints import MISSING_WHY
+from mcp_hostagent.gpuhealth.xid import XidEvent, XidRecord
+from mcp_hostagent.pcie.records import PCIE_LINK_EVENT_FORMAT
+from mcp_hostagent.pcie.sysfs import PciePoller
 
 from nvml_replay import XidReplay, load
 from test_pcie import AER_EVENT_FORMAT_TEXT_NEWER, Clock, build_tp_record, gpu_dir, set_link, sysroot  # noqa: F401
@@ -108,7 +109,7 @@ def test_capture_on_sched_process_exec_decodes_with_the_runtime_format(tmp_path)
     def on_event(ctx, data, size):
         raw = ctypes.string_at(data, size)
         if raw[:2] == R.C["MCP_EV_TP_RAW"].to_bytes(2, "little"):
-            got.append(D.decode(raw))
+            got.append(D.decode(raw, D.TP_RAW)[0])
         return 0
 
     try:
@@ -210,7 +211,7 @@ def h200_ringbuf(ts_ns: int, length: int = N, record: bytes | None = None) -> by
 
 def test_real_h200_xid_record_decodes_as_the_kernel_log_says(tmp_path):
     root = fake_tracefs(tmp_path, {"nvidia/nvidia_dev_xid": XID["format"]})
-    rec = D.decode(h200_ringbuf(123))
+    rec = D.decode(h200_ringbuf(123), D.TP_RAW)[0]
     assert isinstance(rec, D.TpRaw) and rec.kind == KIND_XID
     dec = HealthDecoder(root)
     x = dec.decode(rec)
@@ -326,7 +327,7 @@ def test_h200_xid_through_the_pipeline_finding_metric_and_span_event(tmp_path, s
         (pt,) = metrics.points("mcp.gpu.xid")[-1:]
         assert (dict(pt.attributes), pt.value) == ({"mcp.gpu.xid": 31}, 1)
         # the finding `mcp-agent top` shows
-        agent.snapshots.on_tick(agent)
+        agent.snapshots.on_tick(agent.tick_state())
         snap = agent.snapshots.latest()
         assert [f for f in snap.findings if f.kind == "xid" and "Xid 31" in f.text]
         assert snap.host.xid_total == 1
@@ -495,7 +496,7 @@ def test_replay_of_the_bpf_capture_recorded_on_the_h200(tmp_path):
     agent.gpu.tp = HealthDecoder(fake_tracefs(tmp_path / "h200", {"nvidia/nvidia_dev_xid": rec["format"]}))
     for i, rb in enumerate(rec["ringbuf"]):
         raw = base64.b64decode(rb["b64"])
-        r = D.decode(raw)
+        r = D.decode(raw, D.TP_RAW)[0]
         x = agent.gpu.tp.decode(r)
         assert x.__dict__ == rec["decoded"][i]  # what the agent decoded there, decoded again here
         # the driver's own record of the same Xid, from the tracefs ring buffer there

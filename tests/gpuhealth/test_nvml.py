@@ -1,7 +1,7 @@
-"""Tests for mcp_hostagent.gpuhealth.nvml: the real wrapper, sampler and Xid watcher driven by a pynvml stand-in
-that replays NVML answers recorded on an H200 (tests/fixtures/gpu, tests/nvml_replay.py). Expected
-values come from the recording (nvidia-smi rows, nvidia-smi -q, torch's own view), never from the code
-under test. NVML itself is absent on this machine, which the first tests use for real."""
+"""Tests for mcp_hostagent.gpuhealth.nvml and .xid: the real wrapper, sampler and Xid watcher driven by a
+pynvml stand-in that replays NVML answers recorded on an H200 (tests/fixtures/gpu, tests/nvml_replay.py).
+Expected values come from the recording (nvidia-smi rows, nvidia-smi -q, torch's own view), never from
+the code under test. NVML itself is absent on this machine, which the first tests use for real."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ import pytest
 
 from nvml_replay import ReplayNvml, XidReplay, load
 from mcp_hostagent.gpuhealth.nvml import (
-    GPU_IS_LOST, NOT_SUPPORTED, FUNCTION_NOT_FOUND, Nvml, NvmlSampler, XidWatcher, aggregate_samples,
+    GPU_IS_LOST, NOT_SUPPORTED, FUNCTION_NOT_FOUND, Nvml, NvmlSampler, aggregate_samples,
     decode_throttle_reasons, normalize_bdf,
 )
+from mcp_hostagent.gpuhealth.xid import XidWatcher
 
 STREAM = load("nvml_stream.json")
 HOST = load("host.json")

@@ -1,5 +1,5 @@
 """Tests for mcp_hostagent.nic.netlink: real link flaps on a veth pair inside a network namespace made with
-pyroute2 (needs root), watched from inside that namespace; the pure state diff on its own."""
+pyroute2 (needs root), watched from inside that namespace. The pure rules: test_nic_rules.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mcp_hostagent.nic.netlink import NicState, NicWatcher, diff_states, sysfs_speed
+from mcp_hostagent.nic.netlink import NicWatcher, sysfs_speed
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 _seq = itertools.count()
@@ -154,16 +154,3 @@ def test_sysfs_speed_reader(tmp_path):
     (d / "speed").write_text("-1\n")  # carrier down or unknown
     assert sysfs_speed("eth9", str(tmp_path)) is None
     assert sysfs_speed("nope", str(tmp_path)) is None
-
-
-@pytest.mark.parametrize("prev, cur, kinds", [
-    (None, NicState("e", 1, True, True, "UP", 100000), []),
-    (NicState("e", 1, True, True, "UP", 100000), NicState("e", 1, True, False, "DOWN", None), ["carrier_down"]),
-    (NicState("e", 1, True, True, "UP", 100000), NicState("e", 1, False, False, "DOWN", None),
-     ["admin_down", "carrier_down"]),
-    (NicState("e", 1, True, True, "UP", 200000), NicState("e", 1, True, True, "UP", 100000), ["speed_change"]),
-    (NicState("e", 1, True, True, "UNKNOWN", 1), NicState("e", 1, True, True, "UP", 1), ["operstate"]),
-    (NicState("e", 1, True, True, "UP", 1), NicState("e", 1, True, True, "UP", 1), []),
-])
-def test_diff_states(prev, cur, kinds):
-    assert diff_states(prev, cur) == kinds

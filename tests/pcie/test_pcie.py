@@ -1,7 +1,8 @@
-"""Tests for mcp_hostagent.pcie.links: the poller over the sysfs PCI tree recorded on an H200 host (and over
-modified copies of it), the downtraining rule fed with utilisation recorded there, and the decoders fed
-with the nvidia:nvidia_dev_xid format and a real ring-buffer page recorded there (an Xid 31 caused on
-purpose). AER hardware is absent on both machines, so AER files are written in the kernel's format."""
+"""Tests for mcp_hostagent.pcie, core.tracefs and gpuhealth.xid: the poller over the sysfs PCI tree
+recorded on an H200 host (and over modified copies of it), the downtraining rule fed with utilisation
+recorded there, and the decoders fed with the nvidia:nvidia_dev_xid format and a real ring-buffer page
+recorded there (an Xid 31 caused on purpose). AER hardware is absent on both machines, so AER files are
+written in the kernel's format."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from mcp_hostagent.pcie.links import (
-    NVIDIA_DEV_XID_FORMAT, PCIE_LINK_EVENT_FORMAT, LinkJudge, PciePoller, RecordError,
-    TracepointFormat, Unavailable, decode_aer, decode_captured, decode_link_event, decode_record, decode_xid, gen_of,
-    iter_trace_page, load_formats, parse_aer, parse_format, parse_link_speed,
+from mcp_hostagent.core.tracefs import (
+    RecordError, TracepointFormat, Unavailable, decode_captured, decode_record, iter_trace_page, load_formats,
+    parse_format,
 )
-from mcp_hostagent.pcie.links import AER_EVENT_FORMAT as DERIVED_AER_FORMAT
+from mcp_hostagent.gpuhealth.tracepoints import HEALTH_EVENTS, MISSING_WHY
+from mcp_hostagent.gpuhealth.xid import NVIDIA_DEV_XID_FORMAT, decode_xid
+from mcp_hostagent.pcie.episodes import LinkJudge
+from mcp_hostagent.pcie.records import AER_EVENT_FORMAT as DERIVED_AER_FORMAT
+from mcp_hostagent.pcie.records import PCIE_LINK_EVENT_FORMAT, decode_aer, decode_link_event
+from mcp_hostagent.pcie.sysfs import PciePoller, gen_of, parse_aer, parse_link_speed
 
 FIX = Path(__file__).parent.parent / "fixtures" / "gpu"
 GPU = "0000:00:06.0"
@@ -386,12 +391,12 @@ def test_aer_event_format_and_record():
 
 
 def test_link_event_formats_degrade_with_a_reason(tmp_path):
-    empty = load_formats(str(tmp_path))
+    empty = load_formats(str(tmp_path), HEALTH_EVENTS, MISSING_WHY)
     assert all(isinstance(v, Unavailable) and "tracefs not mounted" in v.reason for v in empty.values())
     ev = tmp_path / "events"
     (ev / "nvidia/nvidia_dev_xid").mkdir(parents=True)
     (ev / "nvidia/nvidia_dev_xid/format").write_text(XID_FORMAT_TEXT)
-    got = load_formats(str(tmp_path))
+    got = load_formats(str(tmp_path), HEALTH_EVENTS, MISSING_WHY)
     assert isinstance(got["nvidia/nvidia_dev_xid"], TracepointFormat)
     assert isinstance(got["ras/aer_event"], Unavailable) and "CONFIG_PCIEAER" in got["ras/aer_event"].reason
     assert isinstance(got["pci/pcie_link_event"], Unavailable)
@@ -404,7 +409,7 @@ def test_link_event_formats_on_this_machine():
     from mcp_hostagent.core import kernel
 
     kernel.ensure_tracefs()
-    got = load_formats("/sys/kernel/tracing")
+    got = load_formats("/sys/kernel/tracing", HEALTH_EVENTS, MISSING_WHY)
     for name in ("ras/aer_event", "pci/pcie_link_event"):
         if os.path.exists(f"/sys/kernel/tracing/events/{name}/format"):
             assert isinstance(got[name], TracepointFormat)  # a kernel that has them
@@ -553,7 +558,7 @@ def test_nvml_xid_span_event_has_no_message_attribute():
     """NVML's Xid events carry no driver text: the span event leaves mcp.gpu.xid.message off rather
     than handing OTel a None (which it drops with a warning)."""
     from mcp_hostagent.gpuhealth.capability import GpuHealth
-    from mcp_hostagent.gpuhealth.nvml import XidEvent
+    from mcp_hostagent.gpuhealth.xid import XidEvent
 
     g = GpuHealth(enabled=False, nic=False)
     g.xids.append(XidEvent(100, 0, "GPU-x", "0000:00:06.0", 31, pid=4242))

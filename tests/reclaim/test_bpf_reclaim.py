@@ -95,7 +95,7 @@ def test_memcg_reclaim_per_request_matches_vmstat(make_agent, memcg):
         t0, vm0 = totals(a), memstat.read_vmstat()
         child.do(f"begin 201 {TP}", f"write {f} 512", "spin 300")
         # keep the request open until the cgroup's storm episode is open, so the span links to it
-        assert wait_for(lambda: [e for e in a.agent.telemetry.open_storms() if e.scope != "host"], 10), \
+        assert wait_for(lambda: [e for e in a.agent.reclaim.open_storms() if e.scope != "host"], 10), \
             "no cgroup reclaim-storm episode opened"
         child.do("end 201")
         t1, vm1 = totals(a), memstat.read_vmstat()
@@ -169,7 +169,7 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent):
     opened: list = []
 
     def storm_opened():
-        return [e for e in a.agent.telemetry.open_storms() if e.scope == "host"]
+        return [e for e in a.agent.reclaim.open_storms() if e.scope == "host"]
 
     try:
         child.do("spin 1")
@@ -202,7 +202,7 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent):
                 r.wait()
             readers = []
         child.do("end 202")
-        assert opened, ("no host reclaim-storm episode opened", a.agent.telemetry._reclaim.get("kswapd_ratio"),
+        assert opened, ("no host reclaim-storm episode opened", a.agent.reclaim.last_rows.get("mcp.reclaim.kswapd.active_ratio"),
                         tried)
     finally:
         for r in readers:
@@ -214,7 +214,7 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent):
         if not opened:  # the assertion above failed: the request's child goes too
             child.close()
     try:
-        assert wait_for(lambda: not a.agent.kswapd.awake_since, 20), "kswapd did not go back to sleep"
+        assert wait_for(lambda: not a.agent.reclaim.kswapd.awake_since, 20), "kswapd did not go back to sleep"
         # kswapd's CPU share from the last stimulus until it slept, by the kernel's accounting: it was
         # awake at least that share of those seconds, so the storm's peak awake ratio is not below it
         # (a storm can open on direct reclaim with kswapd barely busy: its peak is then small too)

@@ -1,4 +1,4 @@
-"""The reclaim-storm episode rule (agent/reclaim.py, docs/TELEMETRY.md), fed windows by hand: the
+"""The reclaim-storm episode rule (agent/reclaim/rule.py, docs/TELEMETRY.md), fed windows by hand: the
 thresholds, open after open_windows hot windows, the half-threshold hysteresis, close after
 close_windows quiet windows, the episode's bounds and peaks. And KswapdTracker's interval sums."""
 
@@ -126,3 +126,77 @@ def test_repeated_wake_keeps_the_first():
     assert k.active_ns(0, 10 * S) == 2 * S
     k.forget_before(4 * S)
     assert k.active_ns(0, 10 * S) == 0
+
+
+class _Tel:
+    """Telemetry's span calls, recorded (Reclaim hands it plain data only)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def open(self, key, spec):
+        self.calls.append(("open", key, spec.name, spec.attributes))
+
+    def close(self, key, attrs, end_ns):
+        self.calls.append(("close", key, attrs.get("mcp.storm.windows"), end_ns))
+
+    def forget(self, key):
+        self.calls.append(("forget", key))
+
+
+def _reclaim(kswapd_attached=True):
+    from mcp_hostagent.config import load_config
+    from mcp_hostagent.reclaim.capability import Reclaim
+
+    return Reclaim(None, load_config(None, env={}, overrides={}), telemetry=_Tel(), registry=None,
+                   kswapd_attached=kswapd_attached)
+
+
+def test_request_evidence_links_exactly_the_episodes_its_window_overlaps():
+    from types import SimpleNamespace
+
+    from mcp_hostagent.reclaim.rule import Episode
+
+    rc = _reclaim()
+    closed = Episode("host", 1_000)
+    rc._open(closed)
+    closed.end_ns, closed.closed = 2_000, True
+    rc._close(closed)
+    cg = Episode("/sys/fs/cgroup/job", 5_000)
+    rc._open(cg)
+    assert [c[0] for c in rc.telemetry.calls] == ["open", "close", "open"]
+    assert rc.telemetry.calls[2][3] == {"mcp.storm.scope": "/sys/fs/cgroup/job", "mcp.cgroup.path": "/sys/fs/cgroup/job"}
+    assert rc.open_storms() == [cg]
+
+    def links(t0, t1):
+        ev = rc.evidence(SimpleNamespace(begin_ns=t0, end_ns=t1))
+        return [(ln.key, ln.attributes["mcp.storm.scope"], ln.event.t_ns) for ln in ev.links]
+
+    assert links(1_500, 1_800) == [(("storm", 1), "host", 1_500)]
+    assert links(500, 1_200) == [(("storm", 1), "host", 1_000)]  # the event at the episode's start
+    assert links(2_000, 4_000) == []  # after the closed episode's end, before the open one
+    assert links(4_000, 6_000) == [(("storm", 2), "/sys/fs/cgroup/job", 5_000)]
+    assert links(0, 1_000) == []  # ends as the episode starts: no overlap
+    rc.kswapd.wake(0, 1_000)
+    rc.kswapd.sleep(0, 1_400)
+    assert rc.evidence(SimpleNamespace(begin_ns=1_200, end_ns=2_000)).attributes == {"mcp.reclaim.kswapd_overlap_ns": 200}
+    assert _reclaim(kswapd_attached=False).evidence(SimpleNamespace(begin_ns=0, end_ns=9)).attributes == {}
+
+
+def test_closed_episodes_beyond_the_kept_number_are_forgotten_and_open_ones_close_unfinished():
+    from mcp_hostagent.reclaim.capability import KEEP_CLOSED_STORMS
+    from mcp_hostagent.reclaim.rule import Episode
+
+    rc = _reclaim()
+    for i in range(KEEP_CLOSED_STORMS + 2):
+        ep = Episode("host", i * 10)
+        rc._open(ep)
+        ep.end_ns, ep.closed = i * 10 + 5, True
+        rc._close(ep)
+    assert [c for c in rc.telemetry.calls if c[0] == "forget"] == [("forget", ("storm", 1)), ("forget", ("storm", 2))]
+    assert len(rc.episodes) == KEEP_CLOSED_STORMS
+    last = Episode("host", 10_000)
+    rc._open(last)
+    rc.telemetry.calls.clear()
+    rc.stop()
+    assert rc.telemetry.calls == [("close", ("storm", KEEP_CLOSED_STORMS + 3), 0, None)]

@@ -7,8 +7,18 @@ import ctypes
 import pytest
 
 from mcp_hostagent.core import records as R
-from mcp_hostagent.core.decode import Counters, DecodeError, ProcExit, ReqBegin, ReqEnd, decode
+from mcp_hostagent.core import decode as D
+from mcp_hostagent.core.decode import Counters, DecodeError
+from mcp_hostagent.requests import records
+from mcp_hostagent.requests.records import ProcExit, ReqBegin, ReqEnd
 from mcp_hostagent.requests.join import RequestJoiner
+
+
+
+def decode(raw: bytes):
+    """The core's table-driven decode with the requests capability's record types."""
+    return D.decode(raw, records.DECODERS)[0]
+
 
 TP = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -108,14 +118,12 @@ def test_join_expiry_and_orphans():
 def test_rejected_counts_refusals_not_activity():
     """cu_launch_hits and cu_auto_watch count work done; a rejected metric holding them misleads (the
     H200 run showed 24001 'rejected' that were launches)."""
-    from types import SimpleNamespace
-
-    from mcp_hostagent.telemetry.otel import AgentHealth, Telemetry
+    from mcp_hostagent.core.health import AgentHealth
     h = AgentHealth(kernel_stats={"rb_lost": 3, "cu_launch_hits": 24001, "cu_auto_watch": 2, "mark_bad": 4,
                                   "begin_cap": 0})
     h.rejected["decode_short"] += 1
     h.rejected["mark_bad"] += 1
-    assert Telemetry.rejected(SimpleNamespace(health=h)) == {"mark_bad": 5, "begin_cap": 0, "decode_short": 1}
+    assert h.all_rejected() == {"mark_bad": 5, "begin_cap": 0, "decode_short": 1}
 
 
 def test_kswapd_awake_before_attach_counts_from_its_first_cpu():

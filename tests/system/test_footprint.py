@@ -12,7 +12,8 @@ import pytest
 
 from mcp_hostagent.core.decode import Counters
 from mcp_hostagent.exporters import build_exporters
-from mcp_hostagent.telemetry.otel import SPAN_SCHEDULE_DELAY_MS, AgentHealth, Telemetry, span_schedule_delay_ms
+from mcp_hostagent.core.processes import Processes
+from mcp_hostagent.telemetry.otel import SPAN_SCHEDULE_DELAY_MS, Telemetry, span_schedule_delay_ms
 from mcp_hostagent.core.timebase import Timebase
 
 
@@ -34,8 +35,10 @@ def test_processes_that_went_leave_no_metric_state(tmp_path):
     attribute sets per instrument, no process may be merged into an overflow point, and the long-lived
     one keeps its series (same start time)."""
     path = str(tmp_path / "t.jsonl")
-    t = Telemetry(service_name="t", exporters=build_exporters(path, None), timebase=Timebase(),
-                  health=AgentHealth(), metric_interval_s=3600)
+    t = Telemetry(service_name="t", exporters=build_exporters(path, None), timebase=Timebase(), metric_interval_s=3600)
+    procs = Processes()
+    procs.on_gone = t.forget_processes
+    t.declare(procs.instruments())
     zero = Counters(*[0] * len(dataclasses.fields(Counters)))
     starts = set()
     try:
@@ -43,7 +46,7 @@ def test_processes_that_went_leave_no_metric_state(tmp_path):
             rows = {pid: ({"process.pid": pid, "process.command_line": f"/bin/true {pid}"},
                           dataclasses.replace(zero, faults=pid)) for pid in range(gen * 100 + 1, gen * 100 + 101)}
             rows[99999] = ({"process.pid": 99999}, dataclasses.replace(zero, faults=gen))
-            t.set_process_counters(rows, {})
+            procs.set_rows(rows, {})
             t.meter_provider.force_flush()
             pts = _points(path, "mcp.process.page_faults")
             assert not [p for p in pts if any(a["key"] == "otel.metric.overflow" for a in p.get("attributes", []))]
@@ -73,4 +76,4 @@ def test_watch_all_keeps_no_dead_process_in_the_map(make_agent):
             break
         time.sleep(0.1)
     assert not left, f"{len(left)} of {len(pids)} exited processes still in proc_stats"
-    assert set(pids) <= set(a.agent.proc_rows), "exited processes' final counters are kept for a while"
+    assert set(pids) <= set(a.agent.processes.rows), "exited processes' final counters are kept for a while"

@@ -2,7 +2,7 @@
 forced pid reuse; a collector cut at a network-namespace link (gRPC and HTTP); a minutes-long collector
 outage; kill -9 of an agent holding libcuda uprobes.
 
-Helpers in C are compiled from the sources below (cc, like tests/test_bpf_cuda.py): a storm of marked
+Helpers in C are compiled from the sources below (cc, like tests/cuda/test_bpf_cuda.py): a storm of marked
 requests from many threads, a process that dies right after a begin, and clone3(set_tid) to start a
 process at a chosen host pid (pid reuse on demand, nothing else on the host is touched)."""
 
@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import pytest
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
+from mcp_hostagent.core.decode import Route
 from mcp_hostagent.exporters import Exporters
 from mcp_hostagent.exporters.counting import CountingMetricExporter, CountingSpanExporter, ExportStats
 from test_bpf_cuda import build  # noqa: F401  (fixture: the fake libcuda and its driver)
@@ -243,18 +244,14 @@ class InProcAgent:
                                                          self.stats))
         self.finished: list = []  # FinishedRequest, in emit order
         self.received: Counter = Counter()  # (record type name, tgid) -> records read from the ring buffer
-        emit, handle = self.agent._emit, self.agent._handle
-
-        def record(fr):
-            self.finished.append(fr)
-            emit(fr)
 
         def count(rec):
             self.received[(type(rec).__name__, rec.hdr.tgid)] += 1
-            handle(rec)
 
-        self.agent._emit, self.agent._handle = record, count
         self.agent.start()
+        # before the loop's first poll: every record is counted, every finished request kept
+        self.agent.requests.listeners.append(self.finished.append)
+        self.agent.routes = {t: Route(r.struct, r.build, (count, *r.handlers)) for t, r in self.agent.routes.items()}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self.agent.run, args=(self._stop,), daemon=True)
         self._thread.start()
@@ -321,7 +318,7 @@ def test_event_storm_overflows_ring_buffer_counted_logged_once_bounded(cbin, inp
     assert p.returncode == 0
     # the reader catches up; what the process left open goes at its exit record or at expiry
     ours = lambda: [fr for fr in ra.finished if fr.tgid == p.pid]  # noqa: E731
-    assert wait_until(lambda: not any(k[0] == p.pid for k in ra.agent.joiner.open), 15), "open requests left"
+    assert wait_until(lambda: not any(k[0] == p.pid for k in ra.agent.requests.joiner.open), 15), "open requests left"
     time.sleep(0.5)  # two more map reads
     rss.append(rss_kb())
     fin = ours()
@@ -389,11 +386,11 @@ def per_pid_state(agent, pids: set[int]) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
     cp = agent.cuda
     py = {
-        "registry": set(agent.registry._cache),
-        "attrs_cache": set(agent._attrs_cache),
-        "exited": set(agent._exited),
-        "joiner.open": {k[0] for k in agent.joiner.open},
-        "joiner.stalls": {k[0] for k in agent.joiner.stalls},
+        "registry": set(agent.processes.registry._cache),
+        "attrs_cache": set(agent.processes._attrs_cache),
+        "exited": set(agent.processes._exited),
+        "joiner.open": {k[0] for k in agent.requests.joiner.open},
+        "joiner.stalls": {k[0] for k in agent.requests.joiner.stalls},
         "snapshots.prev": set(agent.snapshots._prev),
         "cuda.fds": set(cp._fds) if cp else set(),
         "cuda.gone": set(cp._gone) if cp else set(),
@@ -422,11 +419,11 @@ def test_process_churn_per_pid_state_returns_to_baseline(cbin, build, inproc, mo
     saw alive exit before it writes watch_tgid (the race a busy host gives it)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from mcp_hostagent.core import discovery
     from mcp_hostagent.core import agent as pipeline
+    from mcp_hostagent.core import discovery, processes
     from test_bpf_cuda import FAKE_DEV_GLOB, Driver, wait_attached
 
-    monkeypatch.setattr(pipeline, "EXITED_KEEP_S", 2.0)  # exited processes' final rows: 30 s in production
+    monkeypatch.setattr(processes, "EXITED_KEEP_S", 2.0)  # exited processes' final rows: 30 s in production
     gpu_pids: set[int] = set()
     raced: list[int] = []
     orig_watch_set = discovery.watch_set
@@ -857,7 +854,7 @@ def bpf_perf_events(pids=None) -> list[tuple[int, int, str, str, int]]:
 
 
 def bpf_uprobe_links(pids=None) -> list[tuple[int, int, str, str, int]]:
-    """bpf_perf_events()'s rows for the uprobe_multi links `pids` hold (agent/uprobes.py attaches with
+    """bpf_perf_events()'s rows for the uprobe_multi links `pids` hold (agent/cuda/uprobes.py attaches with
     them on Linux 6.6+): one per probed offset."""
     from test_bpf_uprobes import uprobe_links
 

@@ -29,7 +29,7 @@ from mcp_hostagent.core.identity import ProcessRegistry
 from mcp_hostagent.otlpheaders import check_env_headers
 from mcp_hostagent.redact import command_line, redact_argv, redact_text, redact_url
 from mcp_hostagent.telemetry.snapshot import SnapshotBuilder
-from mcp_hostagent.telemetry.otel import AgentHealth
+from mcp_hostagent.core.health import AgentHealth
 from test_cli import clean_env
 
 ATTACKER = 4242

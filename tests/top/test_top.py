@@ -31,16 +31,21 @@ from types import SimpleNamespace
 import pytest
 
 from mcp_hostagent import control
-from mcp_hostagent import top
+from mcp_hostagent.top.keys import KEY_DOWN, KEY_ENTER, KEY_ESC, handle_key
+from mcp_hostagent.top.layout import ViewState, layout, sorted_rows
+from mcp_hostagent.top.render import frame_text, render
+from mcp_hostagent.top.sources import LOCAL_STOP_S
+from mcp_hostagent.top.text import cells, fit, line_text
 from mcp_hostagent.core.decode import Counters
 from mcp_hostagent.requests.join import FinishedRequest
 from mcp_hostagent.nic.netlink import LinkEvent, NicState
 from mcp_hostagent.reclaim.rule import Episode, KswapdTracker
 from mcp_hostagent.telemetry.snapshot import (
-    LATENCY_WINDOW_S, RECENT_REQUESTS, Snapshot, SnapshotBuilder, counter_rates,
-    link_degraded, parse_meminfo, percentile, short_command,
+    LATENCY_WINDOW_S, RECENT_REQUESTS, Snapshot, SnapshotBuilder, TickState, counter_rates,
+    parse_meminfo, percentile, short_command,
 )
-from mcp_hostagent.telemetry.otel import AgentHealth
+from mcp_hostagent.pcie.episodes import link_degraded
+from mcp_hostagent.core.health import AgentHealth
 from mcp_hostagent.core.timebase import Timebase
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,17 +67,19 @@ class Clock:
 
 
 class Host:
-    """What SnapshotBuilder.on_tick reads from an Agent, made of the pipeline's real parts."""
+    """The plain state SnapshotBuilder.on_tick takes (TickState), made of the pipeline's real parts."""
 
     def __init__(self):
         self.proc_rows: dict = {}
         self.kswapd = KswapdTracker()
-        self.health = AgentHealth()
-        self.timebase = Timebase(offset_ns=0)
         self.storms: list[Episode] = []
-        self.telemetry = SimpleNamespace(open_storms=lambda: [e for e in self.storms if not e.closed])
-        self.plan = None
-        self.joiner = SimpleNamespace(open={})
+        self.gpu = None
+        self.nvml = None
+
+    def state(self) -> TickState:
+        return TickState(proc_rows=self.proc_rows, kswapd=self.kswapd,
+                         open_storms=tuple(e for e in self.storms if not e.closed), gpu=self.gpu, nvml=self.nvml,
+                         to_wall=Timebase(offset_ns=0).to_wall_ns)
 
 
 def request(pid: int, rid: int, begin_ns: int, dur_ms: float, faults: int = 10, reason: str = "marked",
@@ -98,7 +105,7 @@ def nvml_and_pcie(tmp_path, width: str | None = None):
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from nvml_replay import ReplayNvml
     from mcp_hostagent.gpuhealth.nvml import NvmlSampler
-    from mcp_hostagent.pcie.links import PciePoller
+    from mcp_hostagent.pcie.sysfs import PciePoller
 
     fake = ReplayNvml()
     busy = next(i for i, r in enumerate(fake.samples) if r["phase"] == "busy")
@@ -142,7 +149,7 @@ def busy_snapshot(tmp_path=None, width: str | None = None) -> Snapshot:
             b.on_request(request(101, tick * 100 + i, clock.t - S + i * 1_000_000, dur_ms=1 + i))
         if tick == 1:
             host.storms.append(Episode("host", clock.t - S // 2))
-        b.on_tick(host)
+        b.on_tick(host.state())
         clock.t += S
     return b.latest()
 
@@ -202,14 +209,14 @@ def test_builder_rates_latency_and_ring():
     b = SnapshotBuilder(clock=clock, wall=lambda: clock.t, to_wall=lambda ns: ns)
     assert b.latest().seq == 0 and b.latest().processes == ()
     host.proc_rows = {42: (attrs(42), Counters(faults=100, offcpu_ns=0))}
-    b.on_tick(host)
+    b.on_tick(host.state())
     first = b.latest().processes[0]
     assert first.faults_per_s is None and first.req_per_s is None and not first.marked
     clock.t += 2 * S
     for i in range(100):  # 1..100 ms, ended within the tick
         b.on_request(request(42, i + 1, clock.t - S, dur_ms=i + 1))
     host.proc_rows = {42: (attrs(42), Counters(faults=5100, offcpu_ns=S))}
-    b.on_tick(host)
+    b.on_tick(host.state())
     snap = b.latest()
     (p,) = snap.processes
     assert (p.pid, p.command, p.name) == (42, "python3 -m server", "python3")
@@ -221,12 +228,12 @@ def test_builder_rates_latency_and_ring():
     assert reqs[0].request_id == f"{100:016x}" and reqs[0].duration_ms == 100.0 and reqs[0].faults == 10
     # no request in the next tick: the rate drops to 0, the window still holds the latencies
     clock.t += S
-    b.on_tick(host)
+    b.on_tick(host.state())
     p = b.latest().processes[0]
     assert p.req_per_s == 0.0 and p.p99_ms == 99.0 and p.faults_per_s == 0.0
     # past the latency window: no percentiles
     clock.t += int(LATENCY_WINDOW_S * S)
-    b.on_tick(host)
+    b.on_tick(host.state())
     p = b.latest().processes[0]
     assert p.p50_ms is None and p.p99_ms is None and p.requests_total == 100
 
@@ -254,12 +261,12 @@ def test_storm_close_and_ctx_heavy_findings():
     ep = Episode("/kubepods/pod1\x1b[31m", clock.t)
     host.storms.append(ep)
     host.proc_rows = {7: (attrs(7), Counters())}
-    b.on_tick(host)
+    b.on_tick(host.state())
     clock.t += S
     ep.closed, ep.end_ns, ep.peak_direct_ms_per_s = True, clock.t, 42.0
     cuda_proc = attrs(7, "/opt/\x1b[2Jgpu\u202eworker --x")  # a CUDA process with a hostile name
     host.proc_rows = {7: (cuda_proc, Counters(cu_ctx_ops=8000, cu_ctx_ns=8000 * 10_000))}  # 80 ms/s
-    b.on_tick(host)
+    b.on_tick(host.state())
     f = b.latest().findings
     assert [x.kind for x in f] == ["ctx_switch_heavy", "reclaim_storm_close", "reclaim_storm_open"]
     assert "\x1b" not in f[1].text and "\\x1b[31m" in f[1].text and "peak direct 42 ms/s" in f[1].text
@@ -267,10 +274,10 @@ def test_storm_close_and_ctx_heavy_findings():
     assert no_control_chars(f[0].text)
     clock.t += S
     host.proc_rows = {7: (attrs(7), Counters(cu_ctx_ops=9000, cu_ctx_ns=9000 * 10_000))}  # 10 ms/s: cleared
-    b.on_tick(host)
+    b.on_tick(host.state())
     clock.t += S
     host.proc_rows = {7: (attrs(7), Counters(cu_ctx_ops=17000, cu_ctx_ns=17000 * 10_000))}  # heavy again
-    b.on_tick(host)
+    b.on_tick(host.state())
     assert [x.kind for x in b.latest().findings].count("ctx_switch_heavy") == 2
 
 
@@ -301,7 +308,7 @@ def test_nic_link_events_become_findings_and_json(tmp_path):
     hostile = "\x1b[7m\u202eq"  # a valid interface name: the kernel refuses only / : and white space
     for name in ("eth0", "vA", hostile):
         nics.link(name)
-    b.on_tick(host)
+    b.on_tick(host.state())
     assert [n.name for n in b.latest().host.nics] == ["\\x1b[7m\\u202eq", "eth0", "vA"]  # by raw name
     assert b.latest().host.nic == "ok" and b.latest().findings == ()
     clock.t += S
@@ -311,7 +318,7 @@ def test_nic_link_events_become_findings_and_json(tmp_path):
     nics.event(t_down + 1000, hostile, "carrier_down", False, "LOWERLAYERDOWN", prev=10000)
     nics.link("vA", admin=False, carrier=False, oper="DOWN")
     nics.link(hostile, carrier=False, oper="LOWERLAYERDOWN")
-    b.on_tick(host)
+    b.on_tick(host.state())
     snap = b.latest()
     assert [(f.kind, f.subject, f.text) for f in snap.findings] == [
         ("nic_carrier_down", "\\x1b[7m\\u202eq", "NIC \\x1b[7m\\u202eq carrier down, operstate LOWERLAYERDOWN"),
@@ -319,8 +326,8 @@ def test_nic_link_events_become_findings_and_json(tmp_path):
     down = {n.name: n.down_since_wall_ns for n in snap.host.nics}
     assert down == {"eth0": None, "vA": t_down, "\\x1b[7m\\u202eq": t_down + 1000}
     for w, h in ((80, 24), (120, 30), (20, 5)):
-        check_frame(top.render(snap, w, h, top.ViewState()), w, h)
-    text = [top.line_text(ln) for ln in top.render(snap, 80, 24, top.ViewState())]
+        check_frame(render(snap, w, h, ViewState()), w, h)
+    text = [line_text(ln) for ln in render(snap, 80, 24, ViewState())]
     assert "NIC DOWN \\x1b[7m\\u202eq,vA" in text[2]
     assert any(t.rstrip().endswith(" NIC vA carrier down (set down), operstate DOWN") for t in text)
     back = Snapshot.from_json(snap.to_json())
@@ -334,7 +341,7 @@ def test_nic_link_events_become_findings_and_json(tmp_path):
     nics.event(clock.t - 2, "veth9", "carrier_up", True, "UP", 10000)
     for name in ("vA", hostile, "veth9"):
         nics.link(name)
-    b.on_tick(host)
+    b.on_tick(host.state())
     snap = b.latest()
     assert [(f.kind, f.subject) for f in snap.findings[:2]] == [("nic_carrier_up", "\\x1b[7m\\u202eq"),
                                                                ("nic_carrier_up", "vA")]
@@ -342,32 +349,32 @@ def test_nic_link_events_become_findings_and_json(tmp_path):
     assert snap.findings[1].text == f"NIC vA carrier up at 10000 Mb/s after {down_s:.1f}s; 1 flap in 60s"
     assert len(snap.findings) == 4
     assert {n.name: (n.flaps, n.down_since_wall_ns) for n in snap.host.nics}["vA"] == (1, None)
-    assert "NIC DOWN" not in top.line_text(top.render(snap, 80, 24, top.ViewState())[2])
-    lines = top.render(snap, 120, 30, top.ViewState())
-    up = next(ln for ln in lines if "NIC vA carrier up" in top.line_text(ln))
+    assert "NIC DOWN" not in line_text(render(snap, 80, 24, ViewState())[2])
+    lines = render(snap, 120, 30, ViewState())
+    up = next(ln for ln in lines if "NIC vA carrier up" in line_text(ln))
     assert up[-2][1] == "ok"  # a comeback is good news; losses are warnings
     # more events than the deque holds between two ticks: each seen once, none twice
     clock.t += S
     for i in range(2, 8):
         nics.event(clock.t - 100 + 2 * i, "vA", "carrier_down", False, "DOWN", prev=10000)
         nics.event(clock.t - 99 + 2 * i, "vA", "carrier_up", True, "UP", 10000, flaps=i)
-    b.on_tick(host)
+    b.on_tick(host.state())
     kinds = [f.kind for f in b.latest().findings]
     assert kinds[:8] == ["nic_flapping", "nic_carrier_down"] * 4 and kinds[8] == "nic_carrier_up"
     assert b.latest().findings[0].text.startswith("NIC vA flapping: carrier up at 10000 Mb/s after 0.0s; 7 flaps")
     n = len(b.latest().findings)
     clock.t += S
     nics.event(clock.t - 1, "vA", "speed_change", True, "UP", 1000, prev=10000)
-    b.on_tick(host)
+    b.on_tick(host.state())
     f = b.latest().findings
     assert len(f) == n + 1 and (f[0].kind, f[0].text) == ("nic_speed_down", "NIC vA speed 10000 -> 1000 Mb/s")
     clock.t += S
-    b.on_tick(host)  # nothing new
+    b.on_tick(host.state())  # nothing new
     assert len(b.latest().findings) == n + 1
     # comebacks seen in the last 60 s: 1 + the 4 of the 6 that were still in the deque
     assert {n.name: n.flaps for n in b.latest().host.nics}["vA"] == 5
     clock.t += 61 * S
-    b.on_tick(host)
+    b.on_tick(host.state())
     assert {n.name: n.flaps for n in b.latest().host.nics}["vA"] == 0
 
 
@@ -387,10 +394,10 @@ def test_narrower_link_is_degraded_and_found(tmp_path):
     assert (g.aer_correctable, g.aer_nonfatal, g.aer_fatal) == (9, 0, 0)
     (f,) = [f for f in snap.findings if f.kind == "link_degraded"]
     assert "0000:00:06.0" in f.text and "Gen5 x8 of Gen5 x16" in f.text
-    frame = top.render(snap, 120, 30, top.ViewState())
-    line = next(ln for ln in frame if top.line_text(ln).startswith("GPU0"))
+    frame = render(snap, 120, 30, ViewState())
+    line = next(ln for ln in frame if line_text(ln).startswith("GPU0"))
     assert ("Gen5x8/Gen5x16 DEGRADED", "warn") in line
-    assert "AER 9/0/0" in top.line_text(line)
+    assert "AER 9/0/0" in line_text(line)
 
 
 # --- pure: the renderer and the keys -------------------------------------------------------------
@@ -399,17 +406,17 @@ def test_narrower_link_is_degraded_and_found(tmp_path):
 def check_frame(lines, width, height):
     assert len(lines) == height
     for ln in lines:
-        text = top.line_text(ln)
-        assert top.cells(text) == width, (top.cells(text), text)
+        text = line_text(ln)
+        assert cells(text) == width, (cells(text), text)
         assert no_control_chars(text), repr(text)
 
 
 def test_frame_80x24(tmp_path):
     snap = busy_snapshot(tmp_path)
-    st = top.ViewState()
-    lines = top.render(snap, 80, 24, st)
+    st = ViewState()
+    lines = render(snap, 80, 24, st)
     check_frame(lines, 80, 24)
-    text = [top.line_text(ln) for ln in lines]
+    text = [line_text(ln) for ln in lines]
     (Path(tmp_path) / "frame80.txt").write_text("\n".join(text))
     assert text[0].startswith("mcp-agent top - ") and "local probes" in text[0]
     assert text[1].startswith("Mem ") and "PSI mem some" in text[1]
@@ -428,9 +435,9 @@ def test_frame_80x24(tmp_path):
 
 def test_frame_200x50(tmp_path):
     snap = busy_snapshot(tmp_path)
-    lines = top.render(snap, 200, 50, top.ViewState())
+    lines = render(snap, 200, 50, ViewState())
     check_frame(lines, 200, 50)
-    text = [top.line_text(ln) for ln in lines]
+    text = [line_text(ln) for ln in lines]
     head = next(t for t in text if t.lstrip().startswith("PID"))
     titles = head.split()
     assert titles == ["PID", "COMMAND", "CONTAINER", "GPU", "▼REQ/s", "P50ms", "P99ms", "LNCH/s", "CTXus",
@@ -444,24 +451,24 @@ def test_frame_200x50(tmp_path):
 def test_hostile_names_are_escaped_and_cut(tmp_path):
     snap = busy_snapshot()
     for w, h in ((80, 24), (200, 50), (20, 5)):
-        lines = top.render(snap, w, h, top.ViewState())
+        lines = render(snap, w, h, ViewState())
         check_frame(lines, w, h)
-    st = top.ViewState(filter="pwned")
-    lines = top.render(snap, 200, 30, st)
+    st = ViewState(filter="pwned")
+    lines = render(snap, 200, 30, st)
     check_frame(lines, 200, 30)
-    row = next(top.line_text(ln) for ln in lines if top.line_text(ln).lstrip().startswith("303"))
+    row = next(line_text(ln) for ln in lines if line_text(ln).lstrip().startswith("303"))
     assert "\\x1b]0;pwned\\x07\\x1b[2J\\u202eevil\\xff漢字漢字漢字\\u200bAAA" in row and "AAA… " in row
     # expanded: the whole (bounded) command line on one line, still escaped
     st.expanded = 303
-    lines = top.render(snap, 120, 30, st)
+    lines = render(snap, 120, 30, st)
     check_frame(lines, 120, 30)
     # wide characters are cut by cells, never half a character
-    assert top.fit("漢字漢字", 5) == "漢字…" and top.cells(top.fit("漢字漢字", 4)) == 4
-    assert top.fit("a\u200bb", 10).startswith("a\\u200bb")
+    assert fit("漢字漢字", 5) == "漢字…" and cells(fit("漢字漢字", 4)) == 4
+    assert fit("a\u200bb", 10).startswith("a\\u200bb")
     # --once text with colour off: no escape at all; with colour: only our SGR codes
-    plain = top.frame_text(top.render(snap, 80, None, top.ViewState()), colour=False)
+    plain = frame_text(render(snap, 80, None, ViewState()), colour=False)
     assert "\x1b" not in plain
-    coloured = top.frame_text(top.render(snap, 80, None, top.ViewState()), colour=True)
+    coloured = frame_text(render(snap, 80, None, ViewState()), colour=True)
     assert set(re.findall(r"\x1b\[[0-9;]*m", coloured)) <= {"\x1b[1m", "\x1b[7m", "\x1b[1;31m", "\x1b[2m",
                                                               "\x1b[32m", "\x1b[0m"}
     assert "\x1b]" not in coloured and "\x1b[2J" not in coloured
@@ -469,7 +476,7 @@ def test_hostile_names_are_escaped_and_cut(tmp_path):
 
 def test_ascii_terminal():
     snap = busy_snapshot()
-    out = top.frame_text(top.render(snap, 80, 24, top.ViewState()), False,
+    out = frame_text(render(snap, 80, 24, ViewState()), False,
                          SimpleNamespace(encoding="ascii"))
     out.encode("ascii")
     assert "vREQ/s" in out
@@ -477,53 +484,53 @@ def test_ascii_terminal():
 
 def test_keys():
     snap = busy_snapshot()
-    st = top.ViewState()
-    top.render(snap, 80, 24, st)
+    st = ViewState()
+    render(snap, 80, 24, st)
     assert st.visible_cols[:2] == ("pid", "command")
-    top.handle_key(st, ">")
+    handle_key(st, ">")
     assert st.sort == "p50" and st.descending
     for _ in range(3):
-        top.handle_key(st, "<")
+        handle_key(st, "<")
     assert st.sort == "command" and not st.descending
-    top.handle_key(st, "1")
+    handle_key(st, "1")
     assert st.sort == "pid" and not st.descending
-    top.handle_key(st, "1")
+    handle_key(st, "1")
     assert st.descending  # the same column again: reversed
-    rows = top.sorted_rows(snap, st)
+    rows = sorted_rows(snap, st)
     assert [p.pid for p in rows] == [303, 202, 101]
-    top.handle_key(st, "r")
-    assert [p.pid for p in top.sorted_rows(snap, st)] == [101, 202, 303]
+    handle_key(st, "r")
+    assert [p.pid for p in sorted_rows(snap, st)] == [101, 202, 303]
     for k in "/work":
-        top.handle_key(st, k)
+        handle_key(st, k)
     assert st.editing and st.filter == "work"
-    top.render(snap, 80, 24, st)
+    render(snap, 80, 24, st)
     assert [p.pid for p in st.rows] == [202]
-    top.handle_key(st, top.KEY_ENTER)
+    handle_key(st, KEY_ENTER)
     assert not st.editing and st.filter == "work"
-    top.handle_key(st, "/")
-    top.handle_key(st, "x")
-    top.handle_key(st, top.KEY_ESC)
+    handle_key(st, "/")
+    handle_key(st, "x")
+    handle_key(st, KEY_ESC)
     assert st.filter == "" and not st.editing
-    top.render(snap, 80, 24, st)
-    top.handle_key(st, top.KEY_DOWN)
+    render(snap, 80, 24, st)
+    handle_key(st, KEY_DOWN)
     assert st.selected_pid == 202
-    top.handle_key(st, "e")
+    handle_key(st, "e")
     assert st.expanded == 202
-    text = [top.line_text(ln) for ln in top.render(snap, 80, 24, st)]
+    text = [line_text(ln) for ln in render(snap, 80, 24, st)]
     assert text[4].startswith("PID 202 worker")
-    top.handle_key(st, top.KEY_ESC)
+    handle_key(st, KEY_ESC)
     assert st.expanded is None
-    top.handle_key(st, "p")
-    assert st.paused and "PAUSED" in top.line_text(top.render(snap, 80, 24, st)[0])
-    top.handle_key(st, "?")
-    text = [top.line_text(ln) for ln in top.render(snap, 80, 24, st)]
+    handle_key(st, "p")
+    assert st.paused and "PAUSED" in line_text(render(snap, 80, 24, st)[0])
+    handle_key(st, "?")
+    text = [line_text(ln) for ln in render(snap, 80, 24, st)]
     assert "keys" in text[4] and any("sort by the column" in t for t in text)
-    top.handle_key(st, "c")
+    handle_key(st, "c")
     assert st.containers
     st.help = False
-    text = [top.line_text(ln) for ln in top.render(snap, 80, 24, st)]
+    text = [line_text(ln) for ln in render(snap, 80, 24, st)]
     assert any("2 processes" in t for t in text)
-    top.handle_key(st, "q")
+    handle_key(st, "q")
     assert st.quit
 
 
@@ -532,7 +539,7 @@ def test_keys():
 
 def test_control_socket_serves_snapshots(tmp_path):
     snap_b = SnapshotBuilder()
-    snap_b.on_tick(Host())
+    snap_b.on_tick(Host().state())
     path = str(tmp_path / "run" / "agent.sock")
     srv = control.ControlServer(snap_b, path)
     srv.start()
@@ -809,7 +816,7 @@ def test_top_in_tmux_as_a_person_uses_it(tmp_path):
     tm = None
     try:
         tm = Tmux(f"{sys.executable} -m mcp_hostagent top --interval 0.5", env)
-        cols = list(top.layout(120)[0])
+        cols = list(layout(120)[0])
         keys = [c.key for c in cols]
         assert keys[:2] == ["pid", "command"] and "faults" in keys and "req" in keys
 
@@ -895,7 +902,7 @@ def test_top_in_tmux_as_a_person_uses_it(tmp_path):
         tm.keys("p")
         tm.keys("q")
         # detaching the CUDA uprobes takes seconds on a busy host; top waits up to LOCAL_STOP_S
-        assert tm.exit_status(top.LOCAL_STOP_S + 10) == 0, tm.screen()
+        assert tm.exit_status(LOCAL_STOP_S + 10) == 0, tm.screen()
     finally:
         if tm is not None:
             tm.kill()
@@ -967,7 +974,7 @@ def test_top_attaches_to_a_running_agents_socket(tmp_path):
         lines = r.stdout.splitlines()
         assert "attached to agent socket" in lines[0] and "\x1b" not in r.stdout
         assert any(ln.split()[:1] == [str(child.pid)] for ln in lines)
-        assert all(top.cells(ln) <= 100 for ln in lines)
+        assert all(cells(ln) <= 100 for ln in lines)
         # interactive, attached, in colour (no NO_COLOR, a terminal): then q
         tm = Tmux(f"{sys.executable} -m mcp_hostagent top", env, width=100, height=30)
         s = tm.wait(lambda s: "attached to agent socket" in s and row_of(s, child.pid, ["pid", "command", "x"]),
@@ -1069,7 +1076,7 @@ def test_nic_link_events_on_screen_and_in_json(tmp_path):
         s = tm.wait(lambda s: re.search(rf"NIC {plain} carrier up after \d+\.\ds; 1 flap in 60s", s)
                     and f"NIC {shown} carrier up" in s, 10, "both carriers back")
         lines = s.splitlines()
-        assert len(lines) <= 24 and all(top.cells(ln) <= 80 for ln in lines)
+        assert len(lines) <= 24 and all(cells(ln) <= 80 for ln in lines)
         assert "NIC DOWN" not in lines[2]
         found = [ln for ln in lines if re.match(r"\d\d:\d\d:\d\d NIC ", ln)]
         assert len(found) == 4 and "carrier up" in found[0] and "carrier down" in found[-1], found  # newest first
@@ -1209,7 +1216,7 @@ def test_hostile_process_is_shown_safely(tmp_path):
         assert r.returncode == 0, r.stderr
         assert no_control_chars(r.stdout)
         row = next(ln for ln in r.stdout.splitlines() if ln.split()[:1] == [str(child.pid)])
-        assert "\\x1b]0;pwned" in row and top.cells(row) <= 300
+        assert "\\x1b]0;pwned" in row and cells(row) <= 300
     finally:
         child.close()
 
@@ -1251,7 +1258,7 @@ def test_pipeline_snapshot_with_recorded_gpu_and_a_link_drop(make_agent, tmp_pat
         set_link(gpu_dir(sysroot), width="8")
         s = wait(lambda s: s.host.gpus[0].link_degraded, "a degraded link")
         assert "width_drop" in s.host.gpus[0].link_why and s.host.gpus[0].link_width == 8
-        text = "\n".join(top.line_text(ln) for ln in top.render(s, 120, 30, top.ViewState()))
+        text = "\n".join(line_text(ln) for ln in render(s, 120, 30, ViewState()))
         assert "Gen5x8/Gen5x16 DEGRADED" in text and "PCIe link downtrained on GPU 0 (0000:00:06.0)" in text
         set_link(gpu_dir(sysroot), width="16")
         s = wait(lambda s: not s.host.gpus[0].link_degraded, "the link back")

@@ -1,20 +1,19 @@
-"""Health tracepoint records from bpf/health.bpf.c -> typed records (pcie.XidRecord, AerRecord,
-LinkEventRecord), decoded with the format tracefs gives at run time.
+"""Health tracepoint records from bpf/health.bpf.c -> typed records (xid.XidRecord, pcie.records'
+AerRecord and LinkEventRecord), decoded with the format tracefs gives at run time.
 
 The BPF side copies the first MCP_TP_RAW_LEN bytes of each record instead of naming fields, because
 these events come and go with the NVIDIA module and the kernel config and their layouts change
 between driver and kernel versions. Each event's format file is read the first time one of its
 records arrives: while our program is attached, perf holds a reference on the module that owns the
 event (perf_trace_init() -> trace_event_try_get_ref()), so the layout cannot change under it. When no
-format file can be read, the layouts in pcie.py stand in (nvidia_dev_xid as recorded on the H200;
-aer_event and pcie_link_event derived from kernel source). Records that do not fit raise
-pcie.RecordError, which the pipeline counts and skips.
+format file can be read, the decoders' default layouts stand in (nvidia_dev_xid as recorded on the
+H200; aer_event and pcie_link_event derived from kernel source). Records that do not fit raise
+core.tracefs.RecordError, which the pipeline counts and skips.
 
 The copy's 8-byte common header is zero (the kernel keeps a pt_regs pointer there while the program
 runs: bpf/health.bpf.c), so it is rebuilt from what the BPF record header knows: common_pid is the
 thread that ran the tracepoint (current->pid, our hdr.tid), common_type the format's id.
 """
-
 from __future__ import annotations
 
 import struct
@@ -23,15 +22,20 @@ from typing import Callable
 
 from ..core.decode import TpRaw
 from ..core.kernel import TRACEFS
-from .links import AER_EVENT_FORMAT, NVIDIA_DEV_XID_FORMAT, PCIE_LINK_EVENT_FORMAT, AerRecord, LinkEventRecord, RecordError, TracepointFormat, XidRecord, decode_aer, decode_captured, decode_link_event, decode_xid, load_formats
 from ..core.records import C
+from ..core.tracefs import RecordError, TracepointFormat, decode_captured, load_formats
+from ..pcie.records import (
+    AER_EVENT_FORMAT, PCIE_LINK_EVENT_FORMAT, AerRecord, LinkEventRecord, decode_aer, decode_link_event,
+)
+from .tracepoints import MISSING_WHY
+from .xid import NVIDIA_DEV_XID_FORMAT, XidRecord, decode_xid
 
 # struct trace_entry (include/linux/trace_events.h): unsigned short type, unsigned char flags,
 # unsigned char preempt_count, int pid
 COMMON_SIZE = 8
 
 # enum mcp_tp_kind -> (tracefs event, default format, typed decoder). The test kind has no typed
-# decoder: its records come back as TpFields (tests/test_bpf_health.py).
+# decoder: its records come back as TpFields (tests/gpuhealth/test_bpf_health.py).
 KINDS: dict[int, tuple[str, TracepointFormat | None, Callable | None]] = {
     C["MCP_TP_NVIDIA_DEV_XID"]: ("nvidia/nvidia_dev_xid", NVIDIA_DEV_XID_FORMAT, decode_xid),
     C["MCP_TP_AER_EVENT"]: ("ras/aer_event", AER_EVENT_FORMAT, decode_aer),
@@ -63,7 +67,7 @@ class HealthDecoder:
         if fmt is not None:
             return fmt
         name, default, _ = KINDS[kind]
-        got = load_formats(self.root, (name,))[name]
+        got = load_formats(self.root, (name,), MISSING_WHY)[name]
         if isinstance(got, TracepointFormat):
             fmt, src = got, "tracefs"
         elif default is not None:

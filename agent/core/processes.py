@@ -1,0 +1,152 @@
+"""Watched processes: who they are (identity, cached) and their cumulative counters (proc_stats).
+
+proc_stats holds one struct mcp_counters per watched tgid, summed by every capability's probes
+(faults and switches by requests.bpf.c, reclaim by reclaim.bpf.c, CUDA by cuda.bpf.c); it is read
+once a tick into rows, which the mcp.process.* metrics and the top snapshot read.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from ..telemetry.spec import Instrument
+from .decode import Counters, counters_from
+from .identity import ProcessRegistry
+
+EXITED_KEEP_S = 30.0  # an exited process's final counters stay in the rows for a couple of metric exports
+IDENTITY_TTL_S = 1.0
+# The map read's rows (metrics, `top`) revalidate an identity that has not changed for this long only
+# this often: every watched process's lookup every tick was ~1% of a core with --watch all and ~100
+# processes (kernel threads, without a command line, are described afresh on every lookup), and
+# metrics go out every 10 s. A young or just exec'd process is still checked every IDENTITY_TTL_S.
+ROW_IDENTITY_TTL_S = 5.0
+
+
+class Processes:
+    def __init__(self, proc_root: str = "/proc", command_line: str = "redacted"):
+        self.proc_root = proc_root
+        self.registry = ProcessRegistry(proc_root=proc_root, command_line=command_line)
+        self.rows: dict[int, tuple[dict, Counters]] = {}  # the last map read, with exited processes kept
+        self._exited: dict[int, tuple[float, dict, Counters]] = {}
+        self._attrs_cache: dict[int, tuple[float, dict, float]] = {}  # pid -> (checked, attrs, same since)
+        self._faults: dict[int, tuple[int, int]] = {}
+        self._lock = threading.Lock()  # rows and faults, read by the metric reader thread
+        self.on_gone = None  # callable(set of pids): their metric state can go
+
+    def attrs(self, pid: int, comm: bytes = b"", ttl_s: float = IDENTITY_TTL_S) -> dict:
+        """Identity attributes, looked up (psutil, /proc) at most once per IDENTITY_TTL_S per pid: a
+        lookup costs ~150 us, and a serving process ends hundreds of requests a second. Process exit
+        drops the entry (PROC_EXIT, or the main thread's exit inside a request), and the registry's
+        (pid, start time) check catches pid reuse at the next refresh."""
+        now = time.monotonic()
+        hit = self._attrs_cache.get(pid)
+        if hit is not None and now - hit[0] < (ttl_s if now - hit[2] >= ttl_s else IDENTITY_TTL_S):
+            return hit[1]
+        attrs = self.registry.attributes(self.registry.lookup(pid, comm))
+        if len(self._attrs_cache) >= 8192:
+            self._attrs_cache.clear()
+        self._attrs_cache[pid] = (now, attrs, hit[2] if hit is not None and hit[1] == attrs else now)
+        return attrs
+
+    def forget(self, pid: int) -> None:
+        """The process is exiting: a process started at its pid must not get this one's identity."""
+        self.registry.forget(pid)
+        self._attrs_cache.pop(pid, None)
+
+    def on_exit(self, rec) -> None:
+        """requests.records.ProcExit: the process's final counters, kept for EXITED_KEEP_S."""
+        attrs = self.attrs(rec.hdr.tgid, rec.hdr.comm)
+        self._exited[rec.hdr.tgid] = (time.monotonic() + EXITED_KEEP_S, attrs, rec.counters)
+        self.forget(rec.hdr.tgid)
+
+    def read(self, bpf) -> None:
+        rows = {}
+        table, gone = bpf[b"proc_stats"], []
+        for k, v in table.items():
+            pid = k.value
+            if pid in self._exited:
+                # With watch=all a dead task's last sched_switch re-creates the entry its exit probe
+                # deleted (post-exit counts: a switch or two). Left there, every process that ever
+                # exited stays in the map (up to MCP_MAX_PROCS, then live ones go uncounted), is looked
+                # up and exported every tick: agent CPU grew with the host's process churn. The exit
+                # record's counters stand; the remnant goes once /proc says the process is gone.
+                if not os.path.exists(f"{self.proc_root}/{pid}"):
+                    gone.append(k)
+                continue
+            rows[pid] = (self.attrs(pid, ttl_s=ROW_IDENTITY_TTL_S), counters_from(v))
+        for k in gone:
+            try:
+                del table[k]
+            except KeyError:
+                pass
+        now = time.monotonic()
+        for pid, (until, attrs, c) in list(self._exited.items()):
+            if now > until:
+                del self._exited[pid]
+            elif pid not in rows:
+                rows[pid] = (attrs, c)
+        self.set_rows(rows, self._proc_faults(rows))
+
+    def set_rows(self, rows: dict[int, tuple[dict, Counters]], faults: dict[int, tuple[int, int]]) -> None:
+        """rows: pid -> (identity attributes, cumulative counters since the agent saw the process);
+        faults: pid -> (minflt, majflt) since the process started, from /proc/PID/stat."""
+        with self._lock:
+            dropped = self.rows.keys() - rows.keys()
+            self.rows, self._faults = rows, faults
+        if dropped and self.on_gone is not None:
+            self.on_gone(dropped)
+
+    def _proc_faults(self, rows: dict) -> dict[int, tuple[int, int]]:
+        """pid -> (minflt, majflt) from /proc/PID/stat: the kernel's own split of major and minor
+        faults, which exceptions:page_fault_user does not give (no kprobes here)."""
+        out = {}
+        for pid in rows:
+            try:
+                with open(f"{self.proc_root}/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[pid] = (int(fields[7]), int(fields[9]))
+            except (OSError, IndexError, ValueError):  # exited since the map read
+                continue
+        return out
+
+    # ---- metrics (read at collection time: rows are replaced whole, never mutated) ----
+    def _per_process(self, pick):
+        def read():
+            with self._lock:
+                rows = list(self.rows.values())
+            return [(v, {**a, **extra}) for a, c in rows for v, extra in pick(c)]
+        return read
+
+    def _faults_rows(self):
+        with self._lock:
+            rows = [(self.rows[p][0], f) for p, f in self._faults.items() if p in self.rows]
+        return [(v, {**a, "mcp.fault.type": t}) for a, (mn, mj) in rows for v, t in ((mn, "minor"), (mj, "major"))]
+
+    def instruments(self) -> list[Instrument]:
+        p = self._per_process
+        return [
+            Instrument("mcp.process.page_faults", "counter", "{fault}", "user page faults (exceptions:page_fault_user)",
+                       p(lambda c: [(c.faults, {})])),
+            Instrument("mcp.process.context_switches", "counter", "{switch}", "context switches (sched:sched_switch)",
+                       p(lambda c: [(c.vcsw, {"mcp.switch.type": "voluntary"}),
+                                    (c.ivcsw, {"mcp.switch.type": "involuntary"})])),
+            Instrument("mcp.process.offcpu_ns", "counter", "ns", "time the process's threads spent switched out",
+                       p(lambda c: [(c.offcpu_ns, {})])),
+            Instrument("mcp.process.faults", "counter", "{fault}",
+                       "faults by type since the process started (/proc/PID/stat)", self._faults_rows),
+            Instrument("mcp.process.reclaim_stall_ns", "counter", "ns", "time the process's threads stalled in reclaim",
+                       p(lambda c: [(c.direct_reclaim_ns, {"mcp.reclaim.kind": "direct"}),
+                                    (c.memcg_reclaim_ns, {"mcp.reclaim.kind": "memcg"})])),
+            Instrument("mcp.process.reclaims", "counter", "{stall}", "reclaim stalls of the process's threads",
+                       p(lambda c: [(c.direct_reclaims, {"mcp.reclaim.kind": "direct"}),
+                                    (c.memcg_reclaims, {"mcp.reclaim.kind": "memcg"})])),
+            Instrument("mcp.process.cuda_launches", "counter", "",
+                       "kernel launches seen by the libcuda uprobes (scaled when duty-cycled)",
+                       p(lambda c: [(c.cu_launch + c.cu_launch_ptsz + c.cu_launch_ex + c.cu_launch_ex_ptsz, {})])),
+            Instrument("mcp.process.cuda_sync_ns", "counter", "ns",
+                       "time in cuStreamSynchronize/cuCtxSynchronize/cuEventSynchronize", p(lambda c: [(c.cu_sync_ns, {})])),
+            Instrument("mcp.process.cuda_ctx_ns", "counter", "ns", "time in cuCtxPush/Pop/SetCurrent",
+                       p(lambda c: [(c.cu_ctx_ns, {})])),
+        ]

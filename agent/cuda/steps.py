@@ -1,0 +1,65 @@
+"""Zero-touch GPU steps and per-request CUDA findings (pure).
+
+A GPU step is the ring-buffer record MCP_EV_GPU_STEP (bpf/cuda.bpf.c): one thread's CUDA driver calls
+and NVIDIA ioctls between two sync returns, decoded here (decode_step) and routed by type by the
+pipeline. findings() names what dominated a request's wall time, for its span.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core import records as R
+from ..core.decode import Counters, DecodeError, Header, Route, counters_from, decode
+from .symbols import LAUNCH_FIELDS
+
+# ---- zero-touch GPU steps: ring-buffer record MCP_EV_GPU_STEP (pure decode) ----
+EV_GPU_STEP = R.C["MCP_EV_GPU_STEP"]
+
+
+@dataclass(frozen=True)
+class GpuStep:
+    hdr: Header  # the thread; hdr.ts_ns is the closing sync's return
+    begin_ns: int  # previous sync return on the thread, or its first counted CUDA call
+    sync_ns: int
+    sync_kind: str  # "stream" | "ctx" | "event"
+    counters: Counters  # cu_* and nv_* over the step, closing sync included
+
+    @property
+    def launches(self) -> int:
+        c = self.counters
+        return sum(getattr(c, f) for f in LAUNCH_FIELDS)
+
+
+def build_step(rec: R.EvGpuStep, hdr: Header) -> GpuStep:
+    kind = R.SYNC_KINDS.get(rec.sync_kind)
+    if kind is None:
+        raise DecodeError("bad_field", f"sync kind {rec.sync_kind}")
+    return GpuStep(hdr, rec.begin_ns, rec.sync_ns, kind, counters_from(rec.c))
+
+
+DECODERS = {EV_GPU_STEP: Route(R.EvGpuStep, build_step)}  # the capability adds the handlers
+
+
+def decode_step(raw: bytes) -> GpuStep:
+    return decode(raw, DECODERS)[0]
+
+
+# ---- span findings (pure) ----
+# Shares of a request's wall time past which its span gets a finding. A context push costs 8-15 us
+# (the seeds' measurement): 5% of a 10 ms request is ~40 of them. A request mostly waiting in sync calls
+# is GPU-bound, not host-bound: worth saying, not an error.
+FINDING_SHARES = {"cuda.ctx_switch_heavy": ("cu_ctx_ns", 0.05), "cuda.sync_bound": ("cu_sync_ns", 0.5),
+                  "nvidia.ioctl_heavy": ("nv_ioctl_ns", 0.1)}
+
+
+def findings(c: Counters, duration_ns: int) -> dict[str, float]:
+    """{finding: share of the request} for each share over its threshold (FINDING_SHARES)."""
+    if duration_ns <= 0:
+        return {}
+    out = {}
+    for name, (field_, share) in FINDING_SHARES.items():
+        v = getattr(c, field_) / duration_ns
+        if v >= share:
+            out[name] = round(v, 4)
+    return out

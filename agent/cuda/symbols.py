@@ -1,0 +1,69 @@
+"""The driver API symbols the CUDA probes hook (bpf/cuda.bpf.c's uprobe programs), and each one's
+state in one libcuda file.
+
+SYMBOLS names every libcuda.so export that is probed: its row in the probe table (probes.PROBES), the
+BPF function run at entry and, for the latency pairs, at return. The cuLaunchKernel* ones (DUTY_PROBE)
+are the high-rate ones the governor duty-cycles: their entry functions are also the counter fields
+(LAUNCH_FIELDS) and the weight slots in cu_config (LAUNCH_CFG).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core import records as R
+from . import uprobes
+
+LAUNCH_FIELDS = ("cu_launch", "cu_launch_ptsz", "cu_launch_ex", "cu_launch_ex_ptsz")
+
+
+@dataclass(frozen=True)
+class Sym:
+    name: str
+    probe: str  # row in probes.PROBES
+    entry: str  # BPF function run at entry
+    ret: str | None = None  # BPF function run at return (latency pairs)
+
+
+SYMBOLS = (
+    # entry function = counter field = weight slot of the duty-cycled ones (LAUNCH_CFG)
+    Sym("cuLaunchKernel", "cuda_launch", "cu_launch"),
+    Sym("cuLaunchKernel_ptsz", "cuda_launch", "cu_launch_ptsz"),
+    Sym("cuLaunchKernelEx", "cuda_launch", "cu_launch_ex"),  # cuBLAS launches through it
+    Sym("cuLaunchKernelEx_ptsz", "cuda_launch", "cu_launch_ex_ptsz"),
+    Sym("cuGraphLaunch", "cuda_graph", "cu_graph_launch"),  # one per replay, not per kernel
+    Sym("cuGraphLaunch_ptsz", "cuda_graph", "cu_graph_launch"),
+    Sym("cuCtxPushCurrent", "cuda_ctx", "cu_ctx_enter", "cu_ctx_ret"),
+    Sym("cuCtxPushCurrent_v2", "cuda_ctx", "cu_ctx_enter", "cu_ctx_ret"),
+    Sym("cuCtxPopCurrent", "cuda_ctx", "cu_ctx_enter", "cu_ctx_ret"),
+    Sym("cuCtxPopCurrent_v2", "cuda_ctx", "cu_ctx_enter", "cu_ctx_ret"),
+    Sym("cuCtxSetCurrent", "cuda_ctx", "cu_ctx_enter", "cu_ctx_ret"),
+    Sym("cuStreamSynchronize", "cuda_sync", "cu_sync_stream_enter", "cu_sync_ret"),
+    Sym("cuStreamSynchronize_ptsz", "cuda_sync", "cu_sync_stream_enter", "cu_sync_ret"),
+    Sym("cuCtxSynchronize", "cuda_sync", "cu_sync_ctx_enter", "cu_sync_ret"),
+    Sym("cuCtxSynchronize_v2", "cuda_sync", "cu_sync_ctx_enter", "cu_sync_ret"),  # driver 580 exports it
+    Sym("cuEventSynchronize", "cuda_sync", "cu_sync_event_enter", "cu_sync_ret"),
+    Sym("cuMemAlloc_v2", "cuda_alloc", "cu_alloc_enter", "cu_alloc_ret"),
+    Sym("cuMemAllocAsync", "cuda_alloc", "cu_alloc_enter", "cu_alloc_ret"),
+    Sym("cuMemAllocAsync_ptsz", "cuda_alloc", "cu_alloc_enter", "cu_alloc_ret"),
+    Sym("cuMemFree_v2", "cuda_free", "cu_free_enter", "cu_free_ret"),
+    Sym("cuMemFreeAsync", "cuda_free", "cu_free_enter", "cu_free_ret"),  # the stream-ordered allocator's
+    Sym("cuMemFreeAsync_ptsz", "cuda_free", "cu_free_enter", "cu_free_ret"),
+)
+DUTY_PROBE = "cuda_launch"  # the high-rate ones; the rest are a few per step
+LAUNCH_CFG = {f: R.C["MCP_CFG_WEIGHT_" + f[3:].upper()] for f in LAUNCH_FIELDS}
+UPROBE_ROWS = tuple(dict.fromkeys(s.probe for s in SYMBOLS))
+
+
+@dataclass
+class SymState:
+    """One symbol in one libcuda file: its address, state, uprobes and the duty cycle's credit."""
+    sym: Sym
+    addr: int | None = None
+    state: str = "pending"  # attached | missing | alias | disabled
+    reason: str = ""
+    events: list[uprobes.Handle] = field(default_factory=list)  # entry (and return) uprobe, while attached
+    on_since: float | None = None
+    attached_s: float = 0.0  # cumulative, for reporting
+    credit: float = 0.0  # duty cycle: on-time owed (s)
+    last_t: float = 0.0

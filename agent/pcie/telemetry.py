@@ -1,0 +1,74 @@
+"""PCIe -> telemetry: link episodes as spans that request spans on the same GPU link to, and the
+sysfs link, AER and tracepoint metrics."""
+
+from __future__ import annotations
+
+from ..core.capability import Evidence
+from ..telemetry.otel import clean
+from ..telemetry.spec import EventSpec, Instrument, LinkSpec, SpanSpec
+
+LINK_SPAN = "mcp.pcie.link_episode"
+KEEP_CLOSED = 32  # closed episodes kept for request spans that end later and overlap them
+
+
+class LinkEpisodeSpans:
+    """pcie LinkEpisode events -> one span per episode: opened -> span started at the episode's start;
+    updated -> span event; closed -> span ended."""
+
+    def __init__(self, telemetry):
+        self.telemetry = telemetry
+        self.episodes: dict[int, list] = {}  # episode id -> [gpu_bdf, start_ns, end_ns or None]
+
+    def on_episode(self, ep) -> None:
+        key = ("pcie", ep.episode_id)
+        ref = self.episodes.get(ep.episode_id)
+        if ep.event == "opened" or ref is None:
+            self.telemetry.open(key, SpanSpec(LINK_SPAN, ep.start_ns, None, clean(ep.attributes())))
+            ref = self.episodes[ep.episode_id] = [ep.gpu_bdf, ep.start_ns, None]
+        if ep.event == "updated":
+            self.telemetry.event(key, "mcp.pcie.link_update", ep.t_ns, ep.attributes())
+        elif ep.event == "closed":
+            ref[2] = ep.end_ns or ep.t_ns
+            self.telemetry.close(key, ep.attributes(), ref[2])
+            closed = [k for k, r in self.episodes.items() if r[2] is not None]
+            for k in closed[:-KEEP_CLOSED]:
+                del self.episodes[k]
+                self.telemetry.forget(("pcie", k))
+
+    def active(self) -> int:
+        return sum(1 for r in self.episodes.values() if r[2] is None)
+
+    def evidence(self, t0: int, t1: int, gpu_bdfs: set[str]) -> Evidence:
+        return Evidence(links=tuple(
+            LinkSpec(("pcie", k), {"mcp.link.type": "pcie_link_episode", "mcp.pcie.gpu_bdf": bdf},
+                     EventSpec("mcp.pcie.link_episode", max(t0, start), {"mcp.pcie.gpu_bdf": bdf}),
+                     (None, "mcp.pcie.span_id"))
+            for k, (bdf, start, end) in self.episodes.items()
+            if bdf in gpu_bdfs and start < t1 and (end is None or end > t0)))
+
+
+def instruments(gpu, spans: LinkEpisodeSpans) -> list[Instrument]:
+    """gpu: gpuhealth GpuHealth, read at collection time (its PCIe snapshot is replaced whole)."""
+    def links():
+        out = []
+        for bdf, st in (getattr(gpu.last_pcie, "links", None) or {}).items():
+            base = {"mcp.pcie.bdf": bdf, "mcp.pcie.role": getattr(st, "role", "")}
+            for field_, v in (("gen", st.gen), ("gen_max", st.max_gen), ("width", st.width), ("width_max", st.max_width)):
+                if v is not None:
+                    out.append((v, {**base, "mcp.pcie.field": field_}))
+        return out
+
+    def aer():
+        return [(st.aer.total(kind), {"mcp.pcie.bdf": bdf, "mcp.pcie.aer.kind": kind})
+                for bdf, st in (getattr(gpu.last_pcie, "links", None) or {}).items() if st.aer is not None
+                for kind in ("correctable", "nonfatal", "fatal")]
+
+    return [
+        Instrument("mcp.pcie.link", "gauge", "", "sysfs link state of GPUs and their bridges", links),
+        Instrument("mcp.pcie.aer.errors", "counter", "", "AER error counts from sysfs", aer),
+        Instrument("mcp.pcie.tracepoint_events", "counter", "",
+                   "ras:aer_event and pci:pcie_link_event records, by device (BPF)",
+                   lambda: [(n, {"mcp.pcie.event": ev, "mcp.pcie.bdf": bdf})
+                            for (ev, bdf), n in dict(gpu.pcie_event_counts).items()]),
+        Instrument("mcp.pcie.link_episode.active", "gauge", read=lambda: [(spans.active(), {})]),
+    ]

@@ -1,0 +1,194 @@
+"""Reclaim: kswapd intervals, the storm rule per scope (host, each memory cgroup), storm spans and
+the host reclaim metrics (bpf/reclaim.bpf.c; the rule itself is rule.py, pure).
+
+Once a window (reclaim.window_s) the kernel's totals (reclaim_totals, reclaim_by_tgid, stall_hist),
+kswapd's intervals and the kernel's own accounting in /proc (vmstat, PSI, kswapd CPU) become one
+Window per scope for the detectors; an episode is a span from open to close, and request spans
+that overlap it link to it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..core import records as R
+from ..core.capability import Evidence
+from ..core.decode import Route
+from ..telemetry.spec import EventSpec, LinkSpec
+from . import memstat, records, telemetry as T
+from .rule import Episode, KswapdTracker, StormDetector, Thresholds, Window
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+RT = {name[len("MCP_RT_"):].lower(): v for name, v in R.C.items() if name.startswith("MCP_RT_") and name != "MCP_RT_MAX"}
+KEEP_CLOSED_STORMS = 32  # closed episodes kept for request spans that end later and overlap them
+
+
+def storm_thresholds(cfg) -> Thresholds:
+    return Thresholds(cfg.reclaim_storm_kswapd_ratio, cfg.reclaim_storm_direct_ms_per_s,
+                      cfg.reclaim_storm_memcg_ms_per_s, 1, cfg.reclaim_storm_close_windows)
+
+
+class Reclaim:
+    def __init__(self, bpf, cfg, *, telemetry, registry, proc_root: str = "/proc", kswapd_attached: bool = True):
+        self.bpf = bpf
+        self.cfg = cfg
+        self.telemetry = telemetry
+        self.registry = registry  # core.identity.ProcessRegistry: a task's memory cgroup
+        self.proc_root = proc_root
+        self.kswapd_attached = kswapd_attached
+        self.kswapd = KswapdTracker()
+        self.storms: dict[str, StormDetector] = {"host": StormDetector("host", storm_thresholds(cfg))}
+        self.episodes: list[tuple[int, Episode]] = []  # (span key number, episode): open ones and recent closed
+        self._n = 0
+        self._win_start = time.monotonic_ns()
+        self._win_prev: dict = {}
+        self._cg_totals: dict[str, list[int]] = {}  # cgroup path -> [direct_ns, memcg_ns]
+        self.last_rows: dict = {}
+
+    def routes(self) -> dict[int, Route]:
+        kswapd = R.C["MCP_EV_KSWAPD"]
+        return {t: r.with_handlers(self.on_kswapd) if t == kswapd else r for t, r in records.DECODERS.items()}
+
+    def instruments(self):
+        return T.INSTRUMENTS
+
+    def on_kswapd(self, rec: records.Kswapd) -> None:
+        (self.kswapd.wake if rec.awake else self.kswapd.sleep)(rec.nid, rec.hdr.ts_ns)
+
+    def open_storms(self) -> list[Episode]:
+        return [ep for _, ep in self.episodes if not ep.closed]
+
+    # ---- evidence for a request's window ----
+    def evidence(self, fr) -> Evidence:
+        attrs = {}
+        if self.kswapd_attached:
+            attrs["mcp.reclaim.kswapd_overlap_ns"] = self.kswapd.active_ns(fr.begin_ns, fr.end_ns)
+        links = tuple(
+            LinkSpec(("storm", n), {"mcp.link.type": "reclaim_storm", "mcp.storm.scope": ep.scope},
+                     EventSpec("mcp.reclaim_storm", max(fr.begin_ns, ep.start_ns), {"mcp.storm.scope": ep.scope}),
+                     ("mcp.storm.trace_id", "mcp.storm.span_id"))
+            for n, ep in self.episodes if _overlaps(ep, fr.begin_ns, fr.end_ns))
+        return Evidence(attrs, links)
+
+    # ---- windows ----
+    def tick(self) -> None:
+        if time.monotonic_ns() - self._win_start >= self.cfg.reclaim_window_s * 1e9:
+            self.close_window()
+
+    def close_window(self) -> None:
+        """Close one storm-rule window: kernel totals, kswapd intervals and /proc context -> detectors."""
+        b = self.bpf
+        now, w0 = time.monotonic_ns(), self._win_start
+        self._win_start = now
+        secs = (now - w0) / 1e9
+        prev = self._win_prev
+        totals = [sum(v) for _, v in sorted(b[b"reclaim_totals"].items(), key=lambda kv: kv[0].value)]
+        vm = memstat.read_vmstat(self.proc_root)
+        cpu = memstat.kswapd_cpu_ticks(self.proc_root)
+        psi = memstat.read_psi(f"{self.proc_root}/pressure/memory")
+        by_tgid = {k.value: (v.direct_reclaim_ns, v.memcg_reclaim_ns) for k, v in b[b"reclaim_by_tgid"].items()}
+        self._win_prev = {"totals": totals, "vm": vm, "cpu": cpu, "tgid": by_tgid}
+        if not prev:
+            return  # the first window only sets the baseline
+        d = {name: totals[i] - prev["totals"][i] for name, i in RT.items()}
+        dvm = {k: vm.get(k, 0) - prev["vm"].get(k, 0) for k in memstat.VMSTAT_KEYS}
+        for n, ticks in cpu.items():
+            if ticks > prev["cpu"].get(n, ticks):
+                self.kswapd.assume_awake(n, w0)
+        nodes = self.kswapd.nodes() | set(cpu)
+        ratios = {n: self.kswapd.active_ns(w0, now, n) / max(now - w0, 1) for n in nodes}
+        context = {k: v for k, v in dvm.items() if v}
+        context["allocstall"] = memstat.allocstall(vm) - memstat.allocstall(prev["vm"])
+        for kind in ("some", "full"):
+            if kind in psi:
+                context[f"psi_{kind}_avg10"] = psi[kind].get("avg10", 0.0)
+        host = Window(w0, now, max(ratios.values(), default=0.0), d["direct_ns"], d["memcg_ns"], context)
+        windows = {"host": host}
+        for path, (dn, mn) in self._cgroup_deltas(by_tgid, prev["tgid"]).items():
+            windows[path] = Window(w0, now, 0.0, dn, mn, self._cgroup_psi(path))
+        for scope in list(self.storms):  # open episodes need their quiet windows to close
+            windows.setdefault(scope, Window(w0, now))
+        for scope, w in windows.items():
+            det = self.storms.get(scope)
+            if det is None:
+                if not (w.direct_stall_ns or w.memcg_stall_ns):
+                    continue
+                det = self.storms[scope] = StormDetector(scope, storm_thresholds(self.cfg))
+            act = det.feed(w)
+            if act and act[0] == "open":
+                self._open(act[1])
+            elif act and act[0] == "close":
+                self._close(act[1])
+        for scope in [s for s, det in self.storms.items() if s != "host" and det.episode is None and not det.hot_run]:
+            del self.storms[scope]
+        self.kswapd.forget_before(now - int(600e9))
+        t = {name: totals[i] for name, i in RT.items()}
+        kswapd_cpu = {n: (cpu[n] - prev["cpu"].get(n, cpu[n])) / CLK_TCK / max(secs, 1e-9) for n in cpu}
+        self.last_rows = T.window_rows(t, self._stall_hist(), ratios, kswapd_cpu, psi,
+                                       {s: det.episode is not None for s, det in self.storms.items()},
+                                       self._cg_totals, vm)
+        self.telemetry.publish(self.last_rows)
+
+    def _open(self, ep: Episode) -> None:
+        self._n += 1
+        self.telemetry.open(("storm", self._n), T.storm_span(ep))
+        self.episodes.append((self._n, ep))
+
+    def _close(self, ep: Episode) -> None:
+        for n, e in self.episodes:
+            if e is ep:
+                self.telemetry.close(("storm", n), T.episode_attributes(ep), max(ep.end_ns, ep.start_ns))
+        closed = [(n, e) for n, e in self.episodes if e.closed]
+        for n, e in closed[:-KEEP_CLOSED_STORMS]:
+            self.episodes.remove((n, e))
+            self.telemetry.forget(("storm", n))
+
+    def stop(self) -> None:
+        """An episode still open at exit is exported, marked unfinished."""
+        for n, ep in self.episodes:
+            if not ep.closed:
+                self.telemetry.close(("storm", n), {**T.episode_attributes(ep), "mcp.storm.unfinished": True}, None)
+
+    def _stall_hist(self) -> dict:
+        hist = {}
+        for k, v in self.bpf[b"stall_hist"].items():
+            if v.value:
+                kind, slot = divmod(k.value, 64)
+                hist[(("direct", "memcg")[kind], 1 << slot)] = v.value
+        return hist
+
+    def _cgroup_deltas(self, now: dict, before: dict) -> dict[str, tuple[int, int]]:
+        """Per-tgid reclaim stall deltas summed by the task's cgroup path (v2, else v1 memory)."""
+        out: dict[str, list[int]] = {}
+        for tgid, (dn, mn) in now.items():
+            b = before.get(tgid, (0, 0))
+            if (dn - b[0]) <= 0 and (mn - b[1]) <= 0:
+                continue
+            path = self._memory_cgroup(tgid)
+            acc = out.setdefault(path, [0, 0])
+            acc[0] += dn - b[0]
+            acc[1] += mn - b[1]
+            tot = self._cg_totals.setdefault(path, [0, 0])
+            tot[0] += dn - b[0]
+            tot[1] += mn - b[1]
+        return {p: (a[0], a[1]) for p, a in out.items()}
+
+    def _cgroup_psi(self, path: str) -> dict:
+        """The cgroup's own memory PSI (cgroup v2 memory.pressure; v1 has none)."""
+        d = self.registry.cgroups.v2_dir(path)
+        psi = memstat.read_psi(f"{d}/memory.pressure") if d else {}
+        return {f"psi_{k}_avg10": v.get("avg10", 0.0) for k, v in psi.items()}
+
+    def _memory_cgroup(self, tgid: int) -> str:
+        """The cgroup whose memory limit the task is charged to: v1's memory controller path where
+        the host mounts it (hybrid layout), else the v2 path."""
+        info = self.registry.cgroups.for_pid(tgid)
+        if info is None:
+            return "unknown"
+        return info.v1_paths.get("memory") or info.v2_path or "unknown"
+
+
+def _overlaps(ep: Episode, t0: int, t1: int) -> bool:
+    end = ep.end_ns if ep.closed else t1
+    return ep.start_ns < t1 and end > t0
