@@ -11,9 +11,9 @@
  * The uprobes on exports also see calls made through the runtime: on driver 580 cuGetProcAddress
  * returned the exported symbols' addresses (docs/machines.md).
  *
- * Duty cycle: agent/cuda/capability.py attaches each busy cuLaunchKernel* probe for a slice and detaches it for
- * (weight - 1) slices when its cost would exceed the overhead budget; each hit then counts the
- * symbol's weight (cu_config) and marks the counters `sampled` with it.
+ * Duty cycle: the governor (agent/cuda/governor.py) attaches each busy cuLaunchKernel* probe for a
+ * slice and detaches it for (weight - 1) slices when its cost would exceed the overhead budget; each
+ * hit then counts the symbol's weight (cu_config) and marks the counters `sampled` with it.
  */
 
 #define MCP_CU_HIST_SLOTS 48 /* log2(ns) buckets: up to ~39 h */
@@ -232,7 +232,7 @@ int cu_free_ret(struct pt_regs *ctx) { return cu_return(MCP_CU_FREE, MCP_HIST_FR
 /* The syscall tracepoints' records (kernel/trace/trace_syscalls.c: an 8-byte trace_entry, int nr,
  * then each argument in 8 bytes). Declared here, not through bcc's TRACEPOINT_PROBE, because the
  * marker already owns tracepoint__syscalls__sys_enter_ioctl and bcc 0.26 generates that struct
- * once per unit (a second function naming it fails: "redefinition"); agent/cuda/capability.py checks these
+ * once per unit (a second function naming it fails: "redefinition"); agent/cuda/ioctl.py checks these
  * offsets against tracefs before attaching. */
 struct mcp_sys_enter_ioctl {
 	u64 common;

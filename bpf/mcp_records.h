@@ -311,7 +311,7 @@ struct mcp_hist_key {
 	__u16 slot;               /* log2(ns) */
 };
 
-/* an NVIDIA device fd of a watched process (map nv_fds, kept by agent/cuda/capability.py from /proc/PID/fd) */
+/* an NVIDIA device fd of a watched process (map nv_fds, kept by agent/cuda/ioctl.py from /proc/PID/fd) */
 struct mcp_nv_fd_key {
 	__u32 tgid;
 	__u32 fd;

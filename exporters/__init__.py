@@ -1,8 +1,9 @@
 """Where the agent's spans and metrics go: JSONL file, OTLP (gRPC or HTTP/protobuf), console.
 
-Data flow: the pipeline turns BPF events into SDK spans and metric observations; the SDK's batch span
-processor and periodic metric reader hand finished telemetry to the exporters built here. Exporters
-only read what they are given: they never call back into the pipeline or the probes, and a failing
+Data flow: the capabilities turn BPF records into span specs and metric rows, agent/telemetry/otel.py
+turns those into SDK spans and observations; the SDK's batch span processor and periodic metric
+reader hand finished telemetry to the exporters built here, the one place they are assembled. Exporters
+only read what they are given: they never call back into the agent or the probes, and a failing
 sink returns FAILURE (counted in `ExportStats`) instead of raising into the SDK worker.
 
     spans   -> CountingBatchSpanProcessor -> CountingSpanExporter -> MultiSpanExporter -> jsonl | otlp | console
@@ -15,11 +16,12 @@ import os
 from dataclasses import dataclass, field
 from typing import IO
 
+from ..redact import redact_url
 from .console import ConsoleSpanExporter
-from .counting import CountingBatchSpanProcessor, CountingMetricExporter, CountingSpanExporter, ExportStats, MultiSpanExporter, install_export_error_filters
+from .counting import (CountingBatchSpanProcessor, CountingMetricExporter, CountingSpanExporter, ExportStats,
+                       MultiSpanExporter, install_export_error_filters)
 from .jsonl import JsonlMetricExporter, JsonlSpanExporter, JsonlWriter
 from .otlp import otlp_metric_exporter, otlp_span_exporter
-from ..redact import redact_url
 
 __all__ = [
     "ConsoleSpanExporter",
@@ -124,9 +126,10 @@ def build_exporters(
 def from_config(cfg) -> Exporters:
     """The exporters `mcp-agent run` uses: the JSONL file, OTLP and the console as the settings say;
     export.headers_file's headers go to the OTLP exporter constructors, never to the environment or
-    argv. ValueError (one line) when the headers file is unreadable or unsafe."""
+    argv. ConfigError (one line) when the headers file is unreadable or unsafe."""
     import sys
 
+    from ..config import ConfigError
     from ..otlpheaders import read_headers_file
 
     headers = None
@@ -134,7 +137,7 @@ def from_config(cfg) -> Exporters:
         try:
             headers = read_headers_file(cfg.export_headers_file)
         except ValueError as e:  # changed since load_config checked it
-            raise ValueError(f"export.headers_file = {cfg.export_headers_file!r}: {e}") from None
+            raise ConfigError(f"export.headers_file = {cfg.export_headers_file!r}: {e}") from None
     return build_exporters(cfg.export_jsonl_path or None, cfg.export_otlp_endpoint, cfg.export_otlp_protocol,
                            console_stream=sys.stdout if cfg.export_console else None, otlp_headers=headers)
 

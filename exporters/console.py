@@ -1,6 +1,6 @@
 """Console exporter: one compact human line per span, for `--console` and debugging.
 
-Attributes are printed as given: the pipeline sanitizes them before they become span attributes.
+Attributes are printed as given: the agent sanitizes them before they become span attributes.
 """
 
 from __future__ import annotations

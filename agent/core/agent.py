@@ -1,6 +1,7 @@
 """The core: load the BPF programs, route each ring-buffer record by its type to the capabilities
-that own it, and schedule their periodic work. Capabilities (requests, reclaim, cuda, gpuhealth with
-pcie and nic) do the rest; docs/ARCHITECTURE.md has one line per capability.
+that own it, and schedule their periodic work. The capabilities (requests, reclaim, cuda,
+gpuhealth, pcie, nic) do the rest; this file only wires them (what one needs of another is handed
+to it here) and docs/ARCHITECTURE.md has one line per capability.
 
 One thread (the caller's) polls the ring buffers and, once a tick, reads the maps and runs each
 capability's tick step; the watch scan has a thread of its own. Export runs on the OTel SDK's
@@ -13,16 +14,20 @@ import ctypes
 import logging
 import os
 import resource
-import sys
 import threading
 import time
 from dataclasses import dataclass
 
 from .. import exporters as exporters_mod
 from ..config import Config, ConfigError
-from ..cuda import capability as cuda
+from ..cuda.capability import Cuda
 from ..gpuhealth.capability import GpuHealth
+from ..nic.capability import Nic
+from ..pcie.capability import Pcie
+from ..pcie.records import AerRecord, LinkEventRecord
+from ..reclaim import capability as reclaim_cap
 from ..reclaim.capability import Reclaim
+from ..requests import capability as requests_cap
 from ..requests import owners
 from ..requests.capability import Requests
 from ..telemetry.otel import Telemetry
@@ -36,8 +41,6 @@ from .timebase import Timebase
 
 log = logging.getLogger("mcp_hostagent")
 
-# records read from req_events between updates of req_flow[CONSUMED] inside one poll (a map write)
-REQ_READ_TELL_EVERY = 64
 TICK_STEP_LOG_S = 60.0  # a failing tick step is logged at most this often (and counted always)
 LOST_LOG_INTERVAL_S = 30.0  # ring-buffer losses: counted always, a log line at most this often
 USER_LOST_LOG_S = 30.0
@@ -54,17 +57,13 @@ class StartReport:
     compile_s: float
     plan: probes.ProbePlan
     sinks: list[str]
-    sources: list  # gpuhealth.SourceStatus: NVML, Xid, PCIe sysfs, netlink
+    sources: list  # core.capability.SourceStatus: NVML, Xid, PCIe sysfs, netlink
 
 
 def bpf_settings(cfg: Config) -> dict[str, int]:
-    return {
-        "MCP_MAX_OPEN_PER_PID": cfg.requests_max_open_per_pid,
-        "MCP_MAX_BEGINS_PER_S": cfg.requests_max_begins_per_s_per_pid,
-        "MCP_WATCH_ALL": cfg.process_watch == "all",
-        "MCP_STALL_THRESHOLD_NS": int(cfg.reclaim_stall_threshold_ms * 1e6),
-        **owners.bpf_settings(cfg),
-    }
+    """The BPF programs' compile-time settings (-D), each capability's and the watch mode."""
+    return {"MCP_WATCH_ALL": cfg.process_watch == "all", **requests_cap.bpf_settings(cfg),
+            **reclaim_cap.bpf_settings(cfg)}
 
 
 def prepare_kernel(cfg: Config) -> tuple[kernel.HeaderChoice, list[str]]:
@@ -92,6 +91,9 @@ def raise_nofile() -> None:
 
 
 class Agent:
+    """Not started, an Agent still decodes and handles the health tracepoints' records (gpuhealth,
+    pcie: no BPF object needed); the other record types are routed once start() loaded the programs."""
+
     def __init__(self, cfg: Config, exporters: exporters_mod.Exporters | None = None, progress=None,
                  proc_root: str = "/proc", nvml_module=None, sysfs_root: str = "/sys"):
         self.cfg = cfg
@@ -107,24 +109,33 @@ class Agent:
         self.telemetry: Telemetry | None = None
         self.snapshots = SnapshotBuilder(proc_root, to_wall=self.timebase.to_wall_ns,  # `mcp-agent top`
                                          busy_util_pct=cfg.pcie_busy_util_pct)
-        # capabilities: GPU health needs no BPF object (an Agent not started handles its records too);
-        # the others are made once the programs are loaded
-        self.gpu = GpuHealth(enabled=cfg.gpu_enabled, nic=cfg.nic_enabled, sample_period_s=cfg.gpu_sample_period_s,
-                             slow_period_s=cfg.gpu_slow_period_s, busy_util_pct=cfg.pcie_busy_util_pct,
-                             nvml_module=nvml_module, sysfs_root=sysfs_root)
-        self.gpu.rejected = self.health.rejected
-        self.gpu.episode_listeners.append(self.snapshots.on_link_episode)
+        # capabilities without a BPF object of their own to wait for
+        self.gpu = GpuHealth(enabled=cfg.gpu_enabled, sample_period_s=cfg.gpu_sample_period_s,
+                             slow_period_s=cfg.gpu_slow_period_s, nvml_module=nvml_module, rejected=self.health.rejected)
+        self.pcie = Pcie(sysfs_root=sysfs_root, busy_util_pct=cfg.pcie_busy_util_pct, util=self.gpu.util_by_bdf,
+                         gpus_of=self.gpu.gpus_of)
+        self.pcie.episode_listeners.append(self.snapshots.on_link_episode)
+        self.gpu.record_handlers.update({AerRecord: self.pcie.on_aer, LinkEventRecord: self.pcie.on_link_event})
+        self.nic = Nic(enabled=cfg.nic_enabled, sysfs_root=sysfs_root)
+        self.cuda_cap = Cuda(processes=self.processes, health=self.health)
         self.routes: dict[int, Route] = self.gpu.routes()
+        # made once the programs are loaded
         self.requests: Requests | None = None
         self.reclaim: Reclaim | None = None
-        self.cuda: cuda.CudaProbes | None = None  # the uprobes, NVIDIA ioctl programs and governor
-        self.cuda_cap: cuda.Cuda | None = None
         self.watcher: discovery.Watcher | None = None
         self._last_error_log = 0.0
         self._lost_log = (float("-inf"), 0)  # (when, kernel losses then) of the last loss line
         self._stopped = False
         self._step_logged: dict[str, float] = {}  # tick step -> when its failure was last logged
-        self._req_read = self._req_read_told = 0  # records read from req_events; the last count written
+
+    @property
+    def cuda(self):
+        """The CUDA probes (libcuda uprobes, NVIDIA ioctl programs, governor), or None."""
+        return self.cuda_cap.probes
+
+    @cuda.setter
+    def cuda(self, probes) -> None:  # tests run the agent with probes of their own settings
+        self.cuda_cap.probes = probes
 
     # ---- start / stop ----
     def start(self) -> StartReport:
@@ -134,22 +145,13 @@ class Agent:
         self.plan = probes.plan(cfg.probes_disable)
         try:
             allow = owners.allowed_owners(cfg)
-        except owners.OwnerError as e:
-            raise StartError(str(e)) from None
-        try:
             exporters = self._exporters or exporters_mod.from_config(cfg)
-        except ValueError as e:
-            raise StartError(str(ConfigError(str(e)))) from None
+        except (owners.OwnerError, ConfigError) as e:
+            raise StartError(str(e)) from None
         self.loaded = loader.load(self.plan, bpf_settings(cfg), self.progress)
         if self.loaded:  # before any probe sees a marker (the maps exist from the load on)
             owners.write_allow(self.loaded[0].bpf, allow)
-        if self.loaded and self._attached("cuda.bpf.c"):
-            # uprobes per libcuda inode, the NVIDIA ioctl programs and the launch-probe governor
-            self.cuda = cuda.CudaProbes(self.loaded[0].bpf, self.plan, budget=cfg.cuda_overhead_budget,
-                                        auto_watch=cfg.process_watch == "gpu", device_globs=cfg.cuda_device_globs,
-                                        slice_s=cfg.cuda_duty_slice_s, proc_root=self.proc_root,
-                                        max_libraries=cfg.cuda_max_libraries)
-            self.cuda.start()
+            self.cuda_cap.start(self.loaded[0].bpf, self.plan, cfg, self.proc_root)
         self.health.compile_s = sum(x.compile_s for x in self.loaded)
         self.health.probes = {n: s.state for n, s in self.plan.statuses.items()}
         missing = self.plan.missing()
@@ -166,46 +168,44 @@ class Agent:
         self.processes.on_gone = tel.forget_processes
         self.reclaim = Reclaim(self.bpf, cfg, telemetry=tel, registry=self.processes.registry, proc_root=self.proc_root,
                                kswapd_attached=self.health.probes.get("kswapd_wake") == probes.ATTACHED)
-        self.gpu.attach_telemetry(tel)
-        self.cuda_cap = cuda.Cuda(lambda: self.cuda, telemetry=tel, processes=self.processes, health=self.health)
+        self.pcie.attach_telemetry(tel)
+        self.cuda_cap.attach_telemetry(tel)
+        # a request's evidence, in the order its attributes, links and events are merged
         self.requests = Requests(self.bpf, idle_expiry_s=cfg.requests_idle_expiry_s, health=self.health,
                                  processes=self.processes, telemetry=tel,
-                                 evidence=(self.reclaim.evidence, self.gpu.evidence, self.cuda_cap.evidence),
+                                 evidence=(self.reclaim.evidence, self.gpu.evidence, self.pcie.evidence,
+                                           self.nic.evidence, self.cuda_cap.evidence),
                                  listeners=(self.snapshots.on_request,))
         self.routes = self._route_table()
-        for src in self.gpu.start(bpf_xid=self.health.probes.get("gpu_xid") == probes.ATTACHED):
+        sources = [*self.gpu.start(bpf_xid=self.health.probes.get("gpu_xid") == probes.ATTACHED),
+                   *self.pcie.start(enabled=cfg.gpu_enabled), *self.nic.start()]
+        for src in sources:
             self.health.probes[src.name] = src.state
             self.health.source_reasons[src.name] = src.reason
-        for instruments in (self.processes.instruments(), self.reclaim.instruments(), self.cuda_cap.instruments(),
-                            self.requests.instruments(), self.health.instruments(exporters.stats),
-                            self.gpu.instruments()):
-            tel.declare(instruments)
+        for cap in (self.processes, self.reclaim, self.cuda_cap, self.requests, self.gpu, self.pcie, self.nic):
+            tel.declare(cap.instruments())
+        tel.declare(self.health.instruments(exporters.stats))
         self.bpf[b"events"].open_ring_buffer(self._on_event)
-        self.bpf[b"req_events"].open_ring_buffer(self._on_req_event)
+        self.bpf[b"req_events"].open_ring_buffer(self.requests.counting(self._on_event))
         if cfg.process_watch != "all":
             self.watcher = discovery.Watcher(cfg, self.proc_root, lambda: self.bpf, self._survived)
             self.watcher.start()
         self.tick()
         self.reclaim.close_window()  # baseline of the reclaim totals: the first window counts from here
-        return StartReport(hc.description, mounted, self.health.compile_s, self.plan, exporters.describe(),
-                           list(self.gpu.sources.values()))
-
-    def _attached(self, program: str) -> bool:
-        return any(s.spec.program == program and s.state == probes.ATTACHED for s in self.plan.statuses.values())
+        return StartReport(hc.description, mounted, self.health.compile_s, self.plan, exporters.describe(), sources)
 
     def _route_table(self) -> dict[int, Route]:
         """Record type -> its struct, builder and handlers: each capability's own records, plus the
         handlers of capabilities that consume another's (requests takes reclaim's stalls)."""
-        table = {**self.gpu.routes(), **self.requests.routes(), **self.reclaim.routes(), **self.cuda_cap.routes()}
-        for cap in (self.requests,):
-            for rtype, handler in cap.handlers().items():
+        caps = (self.gpu, self.requests, self.reclaim, self.cuda_cap)
+        table = {t: r for cap in caps for t, r in cap.routes().items()}
+        for cap in caps:
+            for rtype, handler in getattr(cap, "handlers", dict)().items():
                 table[rtype] = table[rtype].with_handlers(handler)
         return table
 
     def detach(self) -> None:
-        if self.cuda is not None:  # its uprobes and tracepoint fds go before the BPF object
-            self.cuda.stop()
-            self.cuda = None
+        self.cuda_cap.stop()  # its uprobes and tracepoint fds go before the BPF object
         for x in self.loaded:
             # Each tracepoint detach waits for an RCU grace period (~75 ms here); bcc's cleanup()
             # does them one by one, ~1.5 s for 20 probes. In parallel they share the grace periods.
@@ -239,6 +239,7 @@ class Agent:
             self._read_maps()
         self.detach()
         self.gpu.stop()
+        self.nic.stop()
         if self.telemetry is None:
             return True
         self.reclaim.stop()
@@ -261,19 +262,7 @@ class Agent:
 
     def poll(self, timeout_ms: int = 100) -> None:
         self.bpf.ring_buffer_poll(timeout_ms)
-        self._tell_consumed()
-
-    def _tell_consumed(self) -> None:
-        if self._req_read != self._req_read_told:
-            # the kernel compares it with what it reserved: the reader's lag (enum mcp_req_flow)
-            self.bpf[b"req_flow"][ctypes.c_int(R.C["MCP_FLOW_CONSUMED"])] = ctypes.c_uint64(self._req_read)
-            self._req_read_told = self._req_read
-
-    def _on_req_event(self, ctx, data, size) -> int:
-        self._req_read += 1
-        if self._req_read - self._req_read_told >= REQ_READ_TELL_EVERY:
-            self._tell_consumed()  # within a long poll too: a stale count reads as lag, and refuses begins
-        return self._on_event(ctx, data, size)
+        self.requests.tell_consumed()
 
     def _on_event(self, ctx, data, size) -> int:
         try:
@@ -300,7 +289,7 @@ class Agent:
             return
         self._step("expire", self.requests.tick)
         self._step("read_maps", self._read_maps)
-        self._step("gpu", self.gpu.tick)
+        self._step("gpu", self._gpu_tick)
         self._step("reclaim_window", self.reclaim.tick)
         self._step("snapshot", lambda: self.snapshots.on_tick(self.tick_state()))
 
@@ -335,8 +324,13 @@ class Agent:
                         "mcp.agent.events.lost{mcp.where=kernel}; next report in %.0f s at the earliest",
                         lost - logged, lost, LOST_LOG_INTERVAL_S)
         self.processes.read(b)
-        if self.cuda_cap is not None:
-            self.cuda_cap.publish()
+        self.cuda_cap.publish()
+
+    def _gpu_tick(self) -> None:
+        """GPU health, PCIe links and NIC events: one step, as before they were capabilities apart."""
+        self.gpu.tick()
+        self.pcie.tick()
+        self.nic.tick()
 
     # ---- reporting ----
     def tick_state(self) -> TickState:
@@ -345,8 +339,8 @@ class Agent:
         h = self.health
         return TickState(
             proc_rows=self.processes.rows, kswapd=self.reclaim.kswapd if self.reclaim else None,
-            open_storms=self.reclaim.open_storms() if self.reclaim else [], gpu=self.gpu,
-            to_wall=self.timebase.to_wall_ns, agent=AgentView(
+            open_storms=self.reclaim.open_storms() if self.reclaim else [], gpu=self.gpu, pcie=self.pcie,
+            nic=self.nic, to_wall=self.timebase.to_wall_ns, agent=AgentView(
                 probes_attached=c.get("attached", 0), probes_total=len(self.plan.statuses) if self.plan else 0,
                 lost_kernel=h.kernel_lost(), lost_user=h.user_lost, requests_total=sum(h.requests.values()),
                 open_requests=len(self.requests.joiner.open) if self.requests else 0))

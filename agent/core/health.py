@@ -27,16 +27,17 @@ class AgentHealth:
     def all_rejected(self) -> dict[str, int]:
         """Records and markers refused or dropped, by reason: the kernel's and user space's."""
         out = {k: v for k, v in self.kernel_stats.items() if k not in ACTIVITY_STATS}
-        for k, v in self.rejected.items():
+        for k, v in dict(self.rejected).items():  # (a copy: the agent's thread adds reasons)
             out[k] = out.get(k, 0) + v
         return out
 
     def instruments(self, stats) -> list[Instrument]:
-        """Read at collection time (plain reads of counters, safe from the reader thread), so
-        that the last export at shutdown carries the final counts. stats: the exporters' ExportStats."""
+        """Read at collection time on the SDK's reader thread, so that the last export at shutdown
+        carries the final counts: dicts the agent's thread grows are copied (dict() under the GIL)
+        before they are iterated. stats: the exporters' ExportStats."""
         return [
             Instrument("mcp.agent.probes", "gauge", description="1 per probe, by state (attached, missing, disabled)",
-                       read=lambda: [(1, {"mcp.probe": n, "mcp.probe.state": s}) for n, s in list(self.probes.items())]),
+                       read=lambda: [(1, {"mcp.probe": n, "mcp.probe.state": s}) for n, s in dict(self.probes).items()]),
             Instrument("mcp.agent.bpf.compile_s", "gauge", "s", "BPF compile time at start-up",
                        read=lambda: [(self.compile_s, {})]),
             Instrument("mcp.agent.events.lost", "counter",
@@ -47,7 +48,7 @@ class AgentHealth:
                        read=lambda: [(v, {"mcp.reason": k}) for k, v in self.all_rejected().items()]),
             Instrument("mcp.agent.errors", "counter",
                        description="failures the agent caught and survived, by where (a tick step, a map write)",
-                       read=lambda: [(v, {"mcp.where": k}) for k, v in sorted(self.errors.items())]),
+                       read=lambda: [(v, {"mcp.where": k}) for k, v in sorted(dict(self.errors).items())]),
             Instrument("mcp.agent.spans.exported", "counter", description="spans the exporters accepted",
                        read=lambda: [(stats.snapshot().get("spans_exported", 0), {})]),
             Instrument("mcp.agent.spans.dropped", "counter", description="spans not delivered",

@@ -4,7 +4,7 @@ Sources: /proc (through psutil, whose /proc root is overridable) and cgroupfs; n
 kernel fact it leans on: bpf_get_current_cgroup_id() returns the kernfs node id of the task's cgroup v2
 directory, which on 64-bit kernels is that directory's inode number, so a walk of the cgroup2 mount maps
 ids to paths. OS races (a process gone, a cgroup removed mid-walk) end here as None or a minimal record.
-Not thread-safe: one pipeline thread owns a resolver and a registry.
+Not thread-safe: the agent's thread owns a resolver and a registry.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Compile the BPF programs with bcc (LLVM at start-up) and attach their probes.
 
-bcc is imported here and nowhere else outside the pipeline's map reads, after tracefs is mounted:
+bcc is imported here and nowhere else outside the agent's map reads, after tracefs is mounted:
 bcc picks its tracefs path at import time. LLVM's diagnostics on near-miss headers are many and
 harmless; they are captured and shown only when compilation fails.
 """

@@ -2,7 +2,7 @@
 
 A probe is one tracepoint program in one BPF source. Before compiling, each probe is checked against
 tracefs (bcc cannot compile a TRACEPOINT_PROBE whose format file is absent; a "tracepoint_raw" probe
-compiles anywhere but has nothing to attach to, and says why from pcie.MISSING_WHY); a probe that is
+compiles anywhere but has nothing to attach to, and says why from gpuhealth.tracepoints.MISSING_WHY); a probe that is
 disabled, absent or fails to attach is reported with a reason and a hint, and the rest run
 (`--strict` makes any miss fatal). Adding a probe is one row here and one #if block in its .c file.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .kernel import tracepoint_exists
 from ..gpuhealth.tracepoints import MISSING_WHY
+from .kernel import tracepoint_exists
 
 ATTACHED, MISSING, DISABLED = "attached", "missing", "disabled"
 

@@ -5,14 +5,16 @@ sys_exit_ioctl and sched:sched_process_exit (attached here by fd, not through bc
 whose table is keyed by tracepoint name and would lose the marker's fd); sched:sched_process_exec
 (attached by the loader, drained here from map cu_exec).
 
-This module is the orchestrator, CudaProbes: its state, threads, service passes, attach and detach. The
-rules it applies live beside it, one job each:
+This module is the orchestrator, CudaProbes: its state, threads, service passes, attach and detach;
+and Cuda, the capability as the core sees it (the probes, GPU step spans, findings, metric rows). The
+rules they apply live beside them, one job each:
   symbols.py    the driver API symbols probed (SYMBOLS, LAUNCH_FIELDS, ...) and a symbol's state
   finder.py     libcuda in /proc/PID/maps, resolving, checking and pinning the mapped file
   governor.py   launch rates, the weights (plan_weights) and each launch probe's duty cycle
   calibrate.py  the per-hit cost, timed on a memfd stand-in of the agent's own
   ioctl.py      the NVIDIA ioctl side: tracepoint layout, the fd-table scan's pieces, map rows
   steps.py      zero-touch GPU step records and per-request findings
+  telemetry.py  GPU step span specs and the governor, ioctl and latency metric rows
 
 Libraries. Uprobes bind to the inode, so they are attached once per (device, inode) and also fire in
 every process that maps that inode later; a new inode is found by rereading the maps of processes that
@@ -31,7 +33,7 @@ Uprobes are attached one per (symbol, entry|return) through agent/cuda/uprobes.p
 links on Linux 6.6+ (released within milliseconds), bcc's perf-event uprobes otherwise.
 
 Threads: two of its own (start()): the finder (maps, fds, exec, control) and the duty cycler, apart
-because the slices need timing that neither the pipeline's poll loop nor a finder pass that detaches a
+because the slices need timing that neither the agent's poll loop nor a finder pass that detaches a
 library (one grace period per probe) can give; service() does both where a caller owns the loop.
 """
 
@@ -669,13 +671,32 @@ def render_symbols(rows: list[dict]) -> str:
 
 
 class Cuda:
-    """The CUDA capability as the core sees it (core/capability.py): GPU step records -> spans, the
-    per-request findings, and the probes' metrics. probes_of() is the CudaProbes attached to
-    cuda.bpf.c, or None when that program is not attached (no step records come then)."""
+    """The CUDA capability as the core sees it (core/capability.py): the probes (CudaProbes, when
+    cuda.bpf.c attached), GPU step records -> spans, the per-request findings, the probes' metrics."""
 
-    def __init__(self, probes_of, *, telemetry, processes, health):
-        self.probes_of = probes_of
-        self.telemetry, self.processes, self.health = telemetry, processes, health
+    def __init__(self, *, processes, health):
+        self.processes, self.health = processes, health
+        self.telemetry = None  # attach_telemetry(), once the BPF programs loaded
+        self.probes: CudaProbes | None = None
+
+    def attach_telemetry(self, telemetry) -> None:
+        self.telemetry = telemetry
+
+    def start(self, bpf, plan: ProbePlan, cfg, proc_root: str = "/proc") -> None:
+        """Uprobes per libcuda inode, the NVIDIA ioctl programs and the launch-probe governor: only when
+        cuda.bpf.c's programs attached."""
+        if not any(s.spec.program == "cuda.bpf.c" and s.state == ATTACHED for s in plan.statuses.values()):
+            return
+        self.probes = CudaProbes(bpf, plan, budget=cfg.cuda_overhead_budget, auto_watch=cfg.process_watch == "gpu",
+                                 device_globs=cfg.cuda_device_globs, slice_s=cfg.cuda_duty_slice_s,
+                                 proc_root=proc_root, max_libraries=cfg.cuda_max_libraries)
+        self.probes.start()
+
+    def stop(self) -> None:
+        """Before the BPF object goes: the uprobes and tracepoint fds hold its programs."""
+        if self.probes is not None:
+            self.probes.stop()
+            self.probes = None
 
     def routes(self) -> dict:
         return {t: r.with_handlers(self.on_step) for t, r in steps.DECODERS.items()}
@@ -693,8 +714,8 @@ class Cuda:
 
     def publish(self) -> None:
         """After the map read: the governor's state, ioctl and latency rows; refusals and errors."""
-        probes = self.probes_of()
-        if probes is None:
+        probes = self.probes
+        if probes is None or self.telemetry is None:
             return
         # distinct libcuda files not followed (agent/cuda/libtrust.py, cuda.max_libraries)
         self.health.rejected["libcuda_refused"] = probes.refused_total

@@ -1,8 +1,8 @@
 """Zero-touch GPU steps and per-request CUDA findings (pure).
 
 A GPU step is the ring-buffer record MCP_EV_GPU_STEP (bpf/cuda.bpf.c): one thread's CUDA driver calls
-and NVIDIA ioctls between two sync returns, decoded here (decode_step) and routed by type by the
-pipeline. findings() names what dominated a request's wall time, for its span.
+and NVIDIA ioctls between two sync returns, decoded here (build_step, through the core's table).
+findings() names what dominated a request's wall time, for its span.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ records arrives: while our program is attached, perf holds a reference on the mo
 event (perf_trace_init() -> trace_event_try_get_ref()), so the layout cannot change under it. When no
 format file can be read, the decoders' default layouts stand in (nvidia_dev_xid as recorded on the
 H200; aer_event and pcie_link_event derived from kernel source). Records that do not fit raise
-core.tracefs.RecordError, which the pipeline counts and skips.
+core.tracefs.RecordError, which the agent counts (tracepoint_record) and skips.
 
 The copy's 8-byte common header is zero (the kernel keeps a pt_regs pointer there while the program
 runs: bpf/health.bpf.c), so it is rebuilt from what the BPF record header knows: common_pid is the
@@ -54,7 +54,7 @@ class TpFields:
 
 
 class HealthDecoder:
-    """Not thread-safe: the pipeline's thread only."""
+    """Not thread-safe: the agent's thread only."""
 
     def __init__(self, tracefs_root: str = TRACEFS):
         self.root = tracefs_root

@@ -1,7 +1,7 @@
 """GPU health from NVML: one wrapper for every call and a sampler (NVML's Xid events: xid.py).
 
 Source: libnvidia-ml through nvidia-ml-py (`pynvml`, injectable so tests pass a module that replays
-samples recorded on an H200); no BPF. The pipeline never calls NVML: it reads immutable snapshots that
+samples recorded on an H200); no BPF. The agent's thread never calls NVML: it reads immutable snapshots that
 the sampler's threads publish (nvitop's habit), so a slow or hung NVML call cannot stall it.
 
 Driver facts relied on (seen on an H200, driver 580.159, tests/fixtures/gpu/):

@@ -97,7 +97,7 @@ class PcieSnapshot:
 class PciePoller:
     """Finds NVIDIA GPUs (vendor 0x10de, class 0x03xxxx: VGA or 3D controller; NVSwitches are 0x0680)
     and the bridges above each, then reads their link state and AER counters: ~10 small sysfs reads per
-    device, cheap enough for the pipeline's tick. rescan() re-walks the tree (hotplug, a GPU back)."""
+    device, cheap enough for the agent's tick. rescan() re-walks the tree (hotplug, a GPU back)."""
 
     def __init__(self, sysfs_root: str = "/sys", clock=time.monotonic_ns, rescan_s: float = 60.0):
         self.root = sysfs_root.rstrip("/") or "/"

@@ -4,7 +4,6 @@ sysfs link, AER and tracepoint metrics."""
 from __future__ import annotations
 
 from ..core.capability import Evidence
-from ..telemetry.otel import clean
 from ..telemetry.spec import EventSpec, Instrument, LinkSpec, SpanSpec
 
 LINK_SPAN = "mcp.pcie.link_episode"
@@ -23,20 +22,21 @@ class LinkEpisodeSpans:
         key = ("pcie", ep.episode_id)
         ref = self.episodes.get(ep.episode_id)
         if ep.event == "opened" or ref is None:
-            self.telemetry.open(key, SpanSpec(LINK_SPAN, ep.start_ns, None, clean(ep.attributes())))
+            self.telemetry.open(key, SpanSpec(LINK_SPAN, ep.start_ns, None, ep.attributes()))
             ref = self.episodes[ep.episode_id] = [ep.gpu_bdf, ep.start_ns, None]
         if ep.event == "updated":
             self.telemetry.event(key, "mcp.pcie.link_update", ep.t_ns, ep.attributes())
         elif ep.event == "closed":
             ref[2] = ep.end_ns or ep.t_ns
             self.telemetry.close(key, ep.attributes(), ref[2])
-            closed = [k for k, r in self.episodes.items() if r[2] is not None]
+            # the oldest by their end: a long episode that just closed is the one a request may still overlap
+            closed = sorted((k for k, r in self.episodes.items() if r[2] is not None), key=lambda k: self.episodes[k][2])
             for k in closed[:-KEEP_CLOSED]:
                 del self.episodes[k]
                 self.telemetry.forget(("pcie", k))
 
     def active(self) -> int:
-        return sum(1 for r in self.episodes.values() if r[2] is None)
+        return sum(1 for r in list(self.episodes.values()) if r[2] is None)  # (read from the SDK's thread)
 
     def evidence(self, t0: int, t1: int, gpu_bdfs: set[str]) -> Evidence:
         return Evidence(links=tuple(
@@ -47,11 +47,15 @@ class LinkEpisodeSpans:
             if bdf in gpu_bdfs and start < t1 and (end is None or end > t0)))
 
 
-def instruments(gpu, spans: LinkEpisodeSpans) -> list[Instrument]:
-    """gpu: gpuhealth GpuHealth, read at collection time (its PCIe snapshot is replaced whole)."""
+def events(found: list[tuple[str, int, dict]]) -> Evidence:
+    return Evidence(events=tuple(EventSpec(name, t, attrs) for name, t, attrs in found))
+
+
+def instruments(pcie, spans: LinkEpisodeSpans | None) -> list[Instrument]:
+    """pcie: the Pcie capability, read at collection time (its sysfs snapshot is replaced whole)."""
     def links():
         out = []
-        for bdf, st in (getattr(gpu.last_pcie, "links", None) or {}).items():
+        for bdf, st in (getattr(pcie.last_pcie, "links", None) or {}).items():
             base = {"mcp.pcie.bdf": bdf, "mcp.pcie.role": getattr(st, "role", "")}
             for field_, v in (("gen", st.gen), ("gen_max", st.max_gen), ("width", st.width), ("width_max", st.max_width)):
                 if v is not None:
@@ -60,7 +64,7 @@ def instruments(gpu, spans: LinkEpisodeSpans) -> list[Instrument]:
 
     def aer():
         return [(st.aer.total(kind), {"mcp.pcie.bdf": bdf, "mcp.pcie.aer.kind": kind})
-                for bdf, st in (getattr(gpu.last_pcie, "links", None) or {}).items() if st.aer is not None
+                for bdf, st in (getattr(pcie.last_pcie, "links", None) or {}).items() if st.aer is not None
                 for kind in ("correctable", "nonfatal", "fatal")]
 
     return [
@@ -69,6 +73,7 @@ def instruments(gpu, spans: LinkEpisodeSpans) -> list[Instrument]:
         Instrument("mcp.pcie.tracepoint_events", "counter", "",
                    "ras:aer_event and pci:pcie_link_event records, by device (BPF)",
                    lambda: [(n, {"mcp.pcie.event": ev, "mcp.pcie.bdf": bdf})
-                            for (ev, bdf), n in dict(gpu.pcie_event_counts).items()]),
-        Instrument("mcp.pcie.link_episode.active", "gauge", read=lambda: [(spans.active(), {})]),
+                            for (ev, bdf), n in dict(pcie.pcie_event_counts).items()]),
+        Instrument("mcp.pcie.link_episode.active", "gauge",
+                   read=lambda: [(spans.active(), {})] if spans is not None else []),
     ]

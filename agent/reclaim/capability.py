@@ -24,6 +24,11 @@ RT = {name[len("MCP_RT_"):].lower(): v for name, v in R.C.items() if name.starts
 KEEP_CLOSED_STORMS = 32  # closed episodes kept for request spans that end later and overlap them
 
 
+def bpf_settings(cfg) -> dict[str, int]:
+    """reclaim.bpf.c's compile-time settings: stalls at least this long travel as records."""
+    return {"MCP_STALL_THRESHOLD_NS": int(cfg.reclaim_stall_threshold_ms * 1e6)}
+
+
 def storm_thresholds(cfg) -> Thresholds:
     return Thresholds(cfg.reclaim_storm_kswapd_ratio, cfg.reclaim_storm_direct_ms_per_s,
                       cfg.reclaim_storm_memcg_ms_per_s, 1, cfg.reclaim_storm_close_windows)
@@ -139,7 +144,8 @@ class Reclaim:
         for n, e in self.episodes:
             if e is ep:
                 self.telemetry.close(("storm", n), T.episode_attributes(ep), max(ep.end_ns, ep.start_ns))
-        closed = [(n, e) for n, e in self.episodes if e.closed]
+        # the oldest by their end: a long episode that just closed is the one a request may still overlap
+        closed = sorted(((n, e) for n, e in self.episodes if e.closed), key=lambda ne: ne[1].end_ns)
         for n, e in closed[:-KEEP_CLOSED_STORMS]:
             self.episodes.remove((n, e))
             self.telemetry.forget(("storm", n))

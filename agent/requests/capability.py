@@ -18,6 +18,14 @@ from . import owners, records, telemetry as T
 from .join import RequestJoiner
 
 EXPIRY_SCAN_S = 5.0
+# records read from req_events between updates of req_flow[CONSUMED] inside one poll (a map write)
+REQ_READ_TELL_EVERY = 64
+
+
+def bpf_settings(cfg) -> dict[str, int]:
+    """requests.bpf.c's compile-time settings: per-process and per-owner limits."""
+    return {"MCP_MAX_OPEN_PER_PID": cfg.requests_max_open_per_pid,
+            "MCP_MAX_BEGINS_PER_S": cfg.requests_max_begins_per_s_per_pid, **owners.bpf_settings(cfg)}
 
 
 class Requests:
@@ -34,6 +42,7 @@ class Requests:
         self.evidence = list(evidence)
         self.listeners = list(listeners)
         self._next_expiry = 0.0
+        self._read = self._told = 0  # records read from req_events; the count last written to the kernel
 
     def routes(self) -> dict[int, Route]:
         handlers = {R.C["MCP_EV_REQ_BEGIN"]: (self.on_begin,), R.C["MCP_EV_REQ_END"]: (self.on_end,),
@@ -46,6 +55,22 @@ class Requests:
 
     def instruments(self):
         return T.INSTRUMENTS
+
+    # ---- the reader's lag: the kernel's pressure rule (requests.bpf.c) ----
+    def counting(self, on_event):
+        """The ring buffer callback for req_events: on_event, counting what was read."""
+        def cb(ctx, data, size) -> int:
+            self._read += 1
+            if self._read - self._told >= REQ_READ_TELL_EVERY:
+                self.tell_consumed()  # within a long poll too: a stale count reads as lag, and refuses begins
+            return on_event(ctx, data, size)
+        return cb
+
+    def tell_consumed(self) -> None:
+        if self._read != self._told:
+            # the kernel compares it with what it reserved: the reader's lag (enum mcp_req_flow)
+            self.bpf[b"req_flow"][ctypes.c_int(R.C["MCP_FLOW_CONSUMED"])] = ctypes.c_uint64(self._read)
+            self._told = self._read
 
     # ---- records ----
     def on_begin(self, rec: records.ReqBegin) -> None:

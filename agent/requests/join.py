@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from . import traceparent as tp
 from ..core.decode import Counters
 from ..reclaim.records import ReclaimStall
+from . import traceparent as tp
 from .records import ProcExit, ReqBegin, ReqEnd
 
 MAX_STALLS_PER_REQUEST = 64  # child spans per request; the counters on the request span still sum all
@@ -84,7 +84,7 @@ class RequestJoiner:
 
     def on_expired(self, tgid: int, tid: int, request_id: int, begin_ns: int, now_ns: int,
                    counters: Counters) -> FinishedRequest:
-        """A request the pipeline removed from the kernel map after idling past requests.idle_expiry_s."""
+        """A request the requests capability removed from the kernel map after idling past requests.idle_expiry_s."""
         b = self.open.pop((tgid, tid), None)
         comm, cg = (b.hdr.comm, b.hdr.cgroup_id) if b else (b"", 0)
         return self._finish(b, tgid, tid, request_id, comm, cg, begin_ns, now_ns, "expired", counters)

@@ -14,8 +14,8 @@ import ctypes
 import os
 import pwd
 
-from ..core import records as R
 from ..config import Config
+from ..core import records as R
 
 CGROUP2_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
 CGROUP2_SUPER_MAGIC = 0x63677270

@@ -133,9 +133,6 @@ class Telemetry:
     def forget(self, key: Hashable) -> None:
         self._contexts.pop(key, None)
 
-    def is_open(self, key: Hashable) -> bool:
-        return key in self._open
-
     # ---- metrics ----
     def declare(self, instruments: Iterable[Instrument]) -> None:
         for inst in instruments:

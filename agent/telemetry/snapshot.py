@@ -1,6 +1,6 @@
-"""What `mcp-agent top` shows, as one immutable Snapshot built per pipeline tick.
+"""What `mcp-agent top` shows, as one immutable Snapshot built per agent tick.
 
-The pipeline feeds a SnapshotBuilder on its own thread: on_request(fr) for each finished request,
+The agent feeds a SnapshotBuilder on its own thread: on_request(fr) for each finished request,
 on_tick(state) after each map read (per-process counters, kswapd, storms, NVML's latest samples).
 Readers on any other thread (the TUI, the control socket) call latest(): a frozen object replaced
 whole each tick, never mutated, so reading it takes no lock and never waits on BPF or NVML. NVML
@@ -30,10 +30,11 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..reclaim import memstat
 from ..core.identity import sanitize_text
+from ..cuda.steps import FINDING_SHARES
 from ..nic.netlink import NIC_FLAP_WINDOW_S, NIC_FLAPPING
 from ..pcie.episodes import LINK_BUSY_UTIL_PCT, link_degraded
+from ..reclaim import memstat
 
 log = logging.getLogger("mcp_hostagent")
 
@@ -45,10 +46,10 @@ MAX_PIDS = 1024  # processes with request history kept (LRU)
 MAX_FINDINGS = 64
 PROC_HISTORY_S = 60.0  # a process with no counters keeps its request history this long
 
-# "Context-switch heavy": CUDA context push/pop/set time of at least 5% of wall time (50 ms per
-# second, summed over the process's threads), about 5000 switches/s at the 8-15 us per push the
-# seeds measured. Cleared (hysteresis) below half of it.
-CTX_HEAVY_MS_PER_S = 50.0
+# "Context-switch heavy": CUDA context push/pop/set time of at least the share of wall time that
+# makes a request span's cuda.ctx_switch_heavy finding (5%: 50 ms per second, summed over the
+# process's threads), one rule for both. Cleared (hysteresis) below half of it.
+CTX_HEAVY_MS_PER_S = FINDING_SHARES["cuda.ctx_switch_heavy"][1] * 1000
 MAX_NICS = 256  # interfaces listed in a snapshot (a node with many pods has a veth per pod)
 
 LAUNCH_FIELDS = ("cu_launch", "cu_launch_ptsz", "cu_launch_ex", "cu_launch_ex_ptsz", "cu_graph_launch")
@@ -204,8 +205,10 @@ class TickState:
     proc_rows: Mapping = field(default_factory=dict)  # pid -> (identity attributes, cumulative Counters)
     kswapd: Any = None  # reclaim.rule.KswapdTracker
     open_storms: tuple = ()  # reclaim.rule.Episode, open
-    gpu: Any = None  # gpuhealth.GpuHealth: NVML sampler, Xid, PCIe snapshot, NIC events
+    gpu: Any = None  # gpuhealth.GpuHealth: NVML sampler and sources, Xid events and counts
     nvml: Any = None  # an NVML sampler when there is no GpuHealth (tests, fixtures)
+    pcie: Any = None  # pcie.Pcie: the last sysfs snapshot of the GPUs' links (last_pcie)
+    nic: Any = None  # nic.Nic: drained link events, the watcher's links, its source state
     to_wall: Any = None  # kernel-monotonic ns -> wall ns
     agent: AgentView = field(default_factory=AgentView)
 
@@ -385,7 +388,7 @@ class _ProcHistory:
 
 
 class SnapshotBuilder:
-    """Fed by the pipeline thread only (on_request, on_tick, on_pcie, on_link_episode); on_xid may be
+    """Fed by the agent's thread only (on_request, on_tick, on_pcie, on_link_episode); on_xid may be
     called from NVML's event thread. latest() and latest_json() from any thread."""
 
     def __init__(self, proc_root: str = "/proc", sys_root: str = "/sys", source: str = "local",
@@ -408,7 +411,7 @@ class SnapshotBuilder:
         self._xids: deque = deque(maxlen=1024)  # from another thread: drained in on_tick
         self._xid_seen: set[int] = set()
         self._xid_by_gpu: dict[int | str, list[int]] = {}  # gpu -> [count, last xid]
-        self._nic_last = None  # the newest netlink.LinkEvent taken from GpuHealth.nic_events
+        self._nic_last = None  # the newest netlink.LinkEvent taken from Nic.nic_events
         self._nic_down: dict[str, int] = {}  # interface -> wall ns its carrier went away
         self._nic_flaps: dict[str, deque] = {}  # interface -> monotonic ns of carrier comebacks
         self._nodes = numa_nodes(sys_root)
@@ -454,10 +457,10 @@ class SnapshotBuilder:
         else:
             self._episodes[ep.gpu_bdf] = ep
 
-    def _nic_events(self, gh, to_wall) -> None:
-        """Findings from the LinkEvents GpuHealth drained since the last tick (a bounded deque, fed on
+    def _nic_events(self, nic, to_wall) -> None:
+        """Findings from the LinkEvents the NIC capability drained since the last tick (a bounded deque, fed on
         this thread: the ones after the newest seen are new; all of them when that one has left)."""
-        events = list(getattr(gh, "nic_events", ()) or ())
+        events = list(getattr(nic, "nic_events", ()) or ())
         new = []
         for ev in reversed(events):
             if ev is self._nic_last:
@@ -499,8 +502,8 @@ class SnapshotBuilder:
                 self._nic_down.pop(name, None)
                 self._nic_flaps.pop(name, None)
 
-    def _nics(self, gh, now: int) -> tuple[NicView, ...]:
-        watcher = getattr(gh, "nics", None)
+    def _nics(self, nic, now: int) -> tuple[NicView, ...]:
+        watcher = getattr(nic, "nics", None)
         if watcher is None:
             return ()
         out = []
@@ -533,11 +536,11 @@ class SnapshotBuilder:
         dt = (now - self._prev_tick_ns) / 1e9 if self._prev_tick_ns else 0.0
         self._prev_tick_ns = now
         wall = self._wall()
-        gh = state.gpu  # gpuhealth.GpuHealth: NVML sampler, Xid watcher, PCIe poller
+        gh = state.gpu  # gpuhealth.GpuHealth: NVML sampler, Xid watcher
         nvml = state.nvml or getattr(gh, "sampler", None)
+        if getattr(state.pcie, "last_pcie", None) is not None:
+            self._pcie = state.pcie.last_pcie
         if gh is not None:
-            if getattr(gh, "last_pcie", None) is not None:
-                self._pcie = gh.last_pcie
             recent = list(getattr(gh, "xids", ()))  # a bounded deque of XidEvents: take the new ones
             seen = {id(e) for e in recent}
             self._xids.extend(e for e in recent if id(e) not in self._xid_seen)
@@ -592,11 +595,11 @@ class SnapshotBuilder:
             xid_total = sum(xw.counts.values())
         elif self._xid_by_gpu:
             xid_total = sum(v[0] for v in self._xid_by_gpu.values())
-        gh = state.gpu
-        if gh is not None:
-            self._nic_events(gh, self._wall_of(state, wall))
-        nic_src = getattr(gh, "sources", {}).get("nic_netlink")
-        if gh is None:
+        gh, nic = state.gpu, state.nic
+        if nic is not None:
+            self._nic_events(nic, self._wall_of(state, wall))
+        nic_src = getattr(nic, "sources", {}).get("nic_netlink")
+        if nic is None:
             nic_state = "not wired"
         elif nic_src is None or nic_src.state == "attached":
             nic_state = "ok"
@@ -618,7 +621,7 @@ class SnapshotBuilder:
             psi_some_avg10=psi.get("some", {}).get("avg10"), psi_full_avg10=psi.get("full", {}).get("avg10"),
             kswapd=tuple(kswapd), storm=bool(opened),
             storm_scopes=tuple(sanitize_text(e.scope, 128) for e in opened), gpus=gpus, xid_total=xid_total,
-            nvml=nvml_state, nics=self._nics(gh, self._clock()) if gh is not None else (), nic=nic_state)
+            nvml=nvml_state, nics=self._nics(nic, self._clock()) if nic is not None else (), nic=nic_state)
 
     def _wall_of(self, state, wall: int):
         """Kernel-monotonic ns -> wall ns (CLOCK_MONOTONIC: BPF timestamps and netlink events alike)."""

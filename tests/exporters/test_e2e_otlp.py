@@ -192,9 +192,10 @@ def check_health_metrics(sink, child: Child, a: "AgentThread") -> None:
     # one point per probe and per non-BPF source (NVML, PCIe sysfs, netlink) with the state the agent
     # decided; every tracepoint this kernel has attached
     expected = {(n, st.state): 1 for n, st in a.agent.plan.statuses.items()}
-    expected.update({(n, s.state): 1 for n, s in a.agent.gpu.sources.items()})
+    sources = {**a.agent.gpu.sources, **a.agent.pcie.sources, **a.agent.nic.sources}
+    expected.update({(n, s.state): 1 for n, s in sources.items()})
     assert probes == expected
-    assert len(probes) == len(PROBES) + len(a.agent.gpu.sources)
+    assert len(probes) == len(PROBES) + len(sources) == len(PROBES) + 4
     for p in PROBES:
         if getattr(p, "kind", "tracepoint") == "tracepoint" and tracepoint_exists(*p.tracepoint.split(":")):
             assert (p.name, "attached") in probes, f"{p.name} not attached: {sorted(probes)}"

@@ -342,8 +342,8 @@ def test_nvml_xid_events_are_the_fallback_only(sysroot):  # noqa: F811
     """With the BPF Xid probe attached, NVML's Xid events stay off (each Xid would count twice)."""
     from mcp_hostagent.gpuhealth.capability import GpuHealth
 
-    bpf_side = GpuHealth(nic=False, nvml_module=XidReplay(), sysfs_root=str(sysroot))
-    nvml_side = GpuHealth(nic=False, nvml_module=XidReplay(), sysfs_root=str(sysroot))
+    bpf_side = GpuHealth(nvml_module=XidReplay())
+    nvml_side = GpuHealth(nvml_module=XidReplay())
     try:
         srcs = {s.name: s for s in bpf_side.start(bpf_xid=True)}
         assert srcs["nvml_xid"].state == "disabled" and "gpu_xid BPF probe" in srcs["nvml_xid"].reason
@@ -430,16 +430,22 @@ def build_xid(template: bytes, msg: str) -> bytes:
     return bytes(head) + data
 
 
-# ---- AER and link events through GpuHealth ----------------------------------------------------------------
+# ---- AER and link events through GpuHealth's decoder to the PCIe capability ---------------------------------
 
 def health_with_sysfs(sysroot, tmp_path, formats=None):
+    """GpuHealth (the health records' decoder) and Pcie, wired as core/agent.py wires them."""
     from mcp_hostagent.gpuhealth.capability import GpuHealth
+    from mcp_hostagent.pcie.capability import Pcie
+    from mcp_hostagent.pcie.records import AerRecord, LinkEventRecord
 
-    gh = GpuHealth(nic=False, nvml_module=object(), sysfs_root=str(sysroot))  # NVML absent: no utilisation
+    gh = GpuHealth(nvml_module=object())  # NVML absent: no utilisation
     gh.tp = HealthDecoder(fake_tracefs(tmp_path / "tracing", formats or {}))
+    pc = Pcie(sysfs_root=str(sysroot), util=gh.util_by_bdf, gpus_of=gh.gpus_of)
+    gh.record_handlers.update({AerRecord: pc.on_aer, LinkEventRecord: pc.on_link_event})
     gh.start()
-    assert gh.sources["pcie_sysfs"].state == "attached"
-    return gh
+    pc.start()
+    assert pc.sources["pcie_sysfs"].state == "attached"
+    return gh, pc
 
 
 def hdr(ts_ns: int) -> D.Header:
@@ -447,11 +453,11 @@ def hdr(ts_ns: int) -> D.Header:
 
 
 def test_link_event_repolls_the_link_at_once(sysroot, tmp_path):  # noqa: F811
-    gh = health_with_sysfs(sysroot, tmp_path)
+    gh, pc = health_with_sysfs(sysroot, tmp_path)
     clock = Clock()
-    gh.pcie = PciePoller(str(sysroot), clock)
+    pc.poller = PciePoller(str(sysroot), clock)
     clock.t = 10**9
-    assert gh.tick() == []
+    assert pc.tick() == []
     set_link(gpu_dir(sysroot), width="8")
     rec = build_tp_record(PCIE_LINK_EVENT_FORMAT, {"reason": 3, "cur_bus_speed": 0x18, "width": 8}, {"port_name": GPU})
     clock.t = 2 * 10**9
@@ -460,8 +466,8 @@ def test_link_event_repolls_the_link_at_once(sysroot, tmp_path):  # noqa: F811
     assert gh.tp.format_source["pci/pcie_link_event"].startswith("built-in")
     clock.t += 50_000_000  # a burst: within 100 ms the tick's poll is soon enough
     assert gh.on_tp_raw(D.TpRaw(hdr(clock.t), KIND_LINK, bpf_copy(rec))) == []
-    assert gh.pcie_event_counts[("pcie_link_event", GPU)] == 2
-    name, t, bdf, attrs = gh.pcie_events[0]
+    assert pc.pcie_event_counts[("pcie_link_event", GPU)] == 2
+    name, t, bdf, attrs = pc.pcie_events[0]
     assert (name, t, bdf, attrs["mcp.pcie.reason"], attrs["mcp.pcie.to_width"]) == (
         "mcp.pcie.link_event", 2 * 10**9, GPU, "bwctrl_irq", 8)
     gh.stop()
@@ -469,16 +475,16 @@ def test_link_event_repolls_the_link_at_once(sysroot, tmp_path):  # noqa: F811
 
 def test_aer_event_feeds_the_judge(sysroot, tmp_path):  # noqa: F811
     """The runtime format here is mainline's newer layout (tlp_header of 14 words, bus_type)."""
-    gh = health_with_sysfs(sysroot, tmp_path, {"ras/aer_event": AER_EVENT_FORMAT_TEXT_NEWER})
+    gh, pc = health_with_sysfs(sysroot, tmp_path, {"ras/aer_event": AER_EVENT_FORMAT_TEXT_NEWER})
     newer = parse_format(AER_EVENT_FORMAT_TEXT_NEWER)
-    assert gh.tick() == []
+    assert pc.tick() == []
     rec = build_tp_record(newer, {"status": 1 | 1 << 7, "severity": 2}, {"dev_name": GPU, "bus_type": "PCIe"})
     assert gh.on_tp_raw(D.TpRaw(hdr(1), KIND_AER, bpf_copy(rec))) == []  # judged at the next poll
-    (ep,) = gh.tick()
+    (ep,) = pc.tick()
     assert (ep.event, ep.causes, ep.aer_devices) == ("opened", ("aer_errors",), (GPU,))
     assert dict(ep.aer_delta) == {"correctable": 1, "correctable.RxErr": 1, "correctable.BadDLLP": 1}
     assert gh.tp.format_source["ras/aer_event"] == "tracefs"
-    assert gh.pcie_event_counts[("aer_event", GPU)] == 1
+    assert pc.pcie_event_counts[("aer_event", GPU)] == 1
     gh.stop()
 
 

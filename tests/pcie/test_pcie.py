@@ -560,7 +560,7 @@ def test_nvml_xid_span_event_has_no_message_attribute():
     from mcp_hostagent.gpuhealth.capability import GpuHealth
     from mcp_hostagent.gpuhealth.xid import XidEvent
 
-    g = GpuHealth(enabled=False, nic=False)
+    g = GpuHealth(enabled=False)
     g.xids.append(XidEvent(100, 0, "GPU-x", "0000:00:06.0", 31, pid=4242))
     g.xids.append(XidEvent(200, 0, "GPU-x", "0000:00:06.0", 79, source="bpf", msg="fallen off the bus", pid=4242))
     (a, b) = [attrs for _, _, attrs in g.events_between(4242, 0, 1000)]

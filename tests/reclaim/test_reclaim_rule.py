@@ -200,3 +200,141 @@ def test_closed_episodes_beyond_the_kept_number_are_forgotten_and_open_ones_clos
     rc.telemetry.calls.clear()
     rc.stop()
     assert rc.telemetry.calls == [("close", ("storm", KEEP_CLOSED_STORMS + 3), 0, None)]
+
+
+# ---- reclaim telemetry (agent/reclaim/telemetry.py): window rows, storm spans, episode attributes ----
+
+POD_UID = "1234abcd-5678-90ef-1234-567890abcdef"
+CTR = "0123456789abcdef" * 4
+POD_CG = (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_UID.replace('-', '_')}.slice"
+          f"/cri-containerd-{CTR}.scope")
+POD_ONLY_CG = f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD_UID.replace('-', '_')}.slice"
+HOST_CG = "/system.slice/batch.service"
+
+
+@pytest.mark.parametrize("path,attrs", [
+    (POD_CG, {"mcp.cgroup.path": POD_CG, "container.id": CTR, "k8s.pod.uid": POD_UID}),
+    (POD_ONLY_CG, {"mcp.cgroup.path": POD_ONLY_CG, "k8s.pod.uid": POD_UID}),
+    (HOST_CG, {"mcp.cgroup.path": HOST_CG}),
+])
+def test_cgroup_attrs(path, attrs):
+    from mcp_hostagent.reclaim.telemetry import cgroup_attrs
+
+    assert cgroup_attrs(path) == attrs
+
+
+def test_window_rows():
+    from mcp_hostagent.reclaim.telemetry import window_rows
+
+    t = {"direct_ns": 5_000, "directs": 2, "memcg_ns": 700, "memcgs": 1, "kswapd_wakeups": 3,
+         "scan_kswapd": 100, "steal_kswapd": 90, "scan_direct": 40, "steal_direct": 30, "scan_memcg": 8,
+         "steal_memcg": 6}
+    hist = {("memcg", 1 << 20): 1, ("direct", 1 << 22): 4, ("direct", 1 << 21): 2}
+    psi = {"some": {"avg10": 1.5, "avg60": 0.5, "avg300": 0.1, "total": 999}, "full": {"avg60": 0.2}}
+    rows = window_rows(t, hist, {1: 0.25, 0: 0.5}, {1: 0.1, 0: 0.02}, psi, {"host": True, POD_CG: False},
+                       {POD_CG: [1_000, 2_000], HOST_CG: [0, 5]}, {"pgfault": 1_000, "pgmajfault": 30, "pswpin": 7})
+    pod = {"mcp.cgroup.path": POD_CG, "container.id": CTR, "k8s.pod.uid": POD_UID}
+    assert rows == {
+        "mcp.reclaim.stall_ns": [(5_000, {"mcp.reclaim.kind": "direct"}), (700, {"mcp.reclaim.kind": "memcg"})],
+        "mcp.reclaim.stalls": [(2, {"mcp.reclaim.kind": "direct", "mcp.stall.le_ns": 1 << 21}),
+                               (4, {"mcp.reclaim.kind": "direct", "mcp.stall.le_ns": 1 << 22}),
+                               (1, {"mcp.reclaim.kind": "memcg", "mcp.stall.le_ns": 1 << 20})],
+        "mcp.reclaim.pages": [(100, {"mcp.reclaim.by": "kswapd", "mcp.reclaim.op": "scanned"}),
+                              (90, {"mcp.reclaim.by": "kswapd", "mcp.reclaim.op": "reclaimed"}),
+                              (40, {"mcp.reclaim.by": "direct", "mcp.reclaim.op": "scanned"}),
+                              (30, {"mcp.reclaim.by": "direct", "mcp.reclaim.op": "reclaimed"}),
+                              (8, {"mcp.reclaim.by": "memcg", "mcp.reclaim.op": "scanned"}),
+                              (6, {"mcp.reclaim.by": "memcg", "mcp.reclaim.op": "reclaimed"})],
+        "mcp.reclaim.kswapd.active_ratio": [(0.5, {"mcp.numa.node": 0}), (0.25, {"mcp.numa.node": 1})],
+        "mcp.reclaim.kswapd.cpu_ratio": [(0.02, {"mcp.numa.node": 0}), (0.1, {"mcp.numa.node": 1})],
+        "mcp.memory.psi.avg10": [(1.5, {"mcp.psi.kind": "some", "mcp.psi.scope": "host"}),
+                                 (0.0, {"mcp.psi.kind": "full", "mcp.psi.scope": "host"})],
+        "mcp.reclaim.storm.active": [(1, {"mcp.storm.scope": "host"}), (0, {"mcp.storm.scope": POD_CG})],
+        "mcp.cgroup.reclaim_stall_ns": [(1_000, {**pod, "mcp.reclaim.kind": "direct"}),
+                                        (2_000, {**pod, "mcp.reclaim.kind": "memcg"}),
+                                        (0, {"mcp.cgroup.path": HOST_CG, "mcp.reclaim.kind": "direct"}),
+                                        (5, {"mcp.cgroup.path": HOST_CG, "mcp.reclaim.kind": "memcg"})],
+        "mcp.host.page_faults": [(970, {"mcp.fault.type": "minor"}), (30, {"mcp.fault.type": "major"})],
+    }
+    assert [type(v) for v, _ in rows["mcp.reclaim.storm.active"]] == [int, int]  # 1 / 0, not True / False
+
+
+def test_window_rows_of_a_quiet_host_without_psi_or_vmstat():
+    from mcp_hostagent.reclaim.telemetry import window_rows
+
+    t = dict.fromkeys(("direct_ns", "memcg_ns", "scan_kswapd", "steal_kswapd", "scan_direct", "steal_direct",
+                       "scan_memcg", "steal_memcg"), 0)
+    rows = window_rows(t, {}, {}, {}, {}, {}, {}, {})
+    assert rows == {
+        "mcp.reclaim.stall_ns": [(0, {"mcp.reclaim.kind": "direct"}), (0, {"mcp.reclaim.kind": "memcg"})],
+        "mcp.reclaim.stalls": [],
+        "mcp.reclaim.pages": [(0, {"mcp.reclaim.by": by, "mcp.reclaim.op": op})
+                              for by in ("kswapd", "direct", "memcg") for op in ("scanned", "reclaimed")],
+        "mcp.reclaim.kswapd.active_ratio": [],
+        "mcp.reclaim.kswapd.cpu_ratio": [],
+        "mcp.memory.psi.avg10": [],
+        "mcp.reclaim.storm.active": [],
+        "mcp.cgroup.reclaim_stall_ns": [],
+        "mcp.host.page_faults": [(0, {"mcp.fault.type": "minor"}), (0, {"mcp.fault.type": "major"})],
+    }
+
+
+@pytest.mark.parametrize("scope,attrs", [
+    ("host", {"mcp.storm.scope": "host"}),  # host-wide: no cgroup attributes
+    (POD_CG, {"mcp.storm.scope": POD_CG, "mcp.cgroup.path": POD_CG, "container.id": CTR, "k8s.pod.uid": POD_UID}),
+    (HOST_CG, {"mcp.storm.scope": HOST_CG, "mcp.cgroup.path": HOST_CG}),
+])
+def test_storm_span_opens_at_the_start_with_the_scope_attributes(scope, attrs):
+    from mcp_hostagent.reclaim.rule import Episode
+    from mcp_hostagent.reclaim.telemetry import storm_span
+    from mcp_hostagent.telemetry.spec import SpanSpec
+
+    ep = Episode(scope, 7 * S, end_ns=9 * S, windows=2, peak_kswapd_ratio=0.9, closed=True)
+    assert storm_span(ep) == SpanSpec("mcp.reclaim_storm", 7 * S, None, attrs)
+
+
+def test_episode_attributes():
+    from mcp_hostagent.reclaim.rule import Episode
+    from mcp_hostagent.reclaim.telemetry import episode_attributes
+
+    ep = Episode("host", 0, end_ns=3 * S, windows=3, peak_kswapd_ratio=0.123456, peak_direct_ms_per_s=12.34567,
+                 peak_memcg_ms_per_s=0.0004, totals={"pgscan_direct": 100, "allocstall": 4},
+                 peaks={"psi_some_avg10": 12.5, "psi_full_avg10": 0.0}, closed=True)
+    assert episode_attributes(ep) == {
+        "mcp.storm.scope": "host", "mcp.storm.windows": 3, "mcp.storm.peak.kswapd_ratio": 0.1235,
+        "mcp.storm.peak.direct_stall_ms_per_s": 12.346, "mcp.storm.peak.memcg_stall_ms_per_s": 0.0,
+        "mcp.storm.pgscan_direct": 100, "mcp.storm.allocstall": 4,
+        "mcp.storm.peak.psi_some_avg10": 12.5, "mcp.storm.peak.psi_full_avg10": 0.0}
+
+
+def test_episode_attributes_of_a_detected_cgroup_episode():
+    from mcp_hostagent.reclaim.telemetry import episode_attributes
+
+    det = StormDetector(POD_CG)
+    det.feed(win(0, memcg_ms=25, pgscan_direct=10, psi_some_avg10=4.0))
+    det.feed(win(1, memcg_ms=12.5, kswapd=0.3, pgscan_direct=5, psi_some_avg10=6.25))
+    assert episode_attributes(det.episode) == {
+        "mcp.storm.scope": POD_CG, "mcp.storm.windows": 2, "mcp.storm.peak.kswapd_ratio": 0.3,
+        "mcp.storm.peak.direct_stall_ms_per_s": 0.0, "mcp.storm.peak.memcg_stall_ms_per_s": 25.0,
+        "mcp.storm.pgscan_direct": 15, "mcp.storm.peak.psi_some_avg10": 6.25}
+
+
+def test_a_long_storm_that_closes_last_is_kept_for_the_requests_it_overlapped():
+    from types import SimpleNamespace
+
+    from mcp_hostagent.reclaim.capability import KEEP_CLOSED_STORMS
+    from mcp_hostagent.reclaim.rule import Episode
+
+    rc = _reclaim()
+    long = Episode("host", 0)
+    rc._open(long)
+    for i in range(KEEP_CLOSED_STORMS):
+        short = Episode(f"/cg/{i}", 100 + i * 10)
+        rc._open(short)
+        short.end_ns, short.closed = 105 + i * 10, True
+        rc._close(short)
+    long.end_ns, long.closed = 10_000, True
+    rc._close(long)
+    assert [c for c in rc.telemetry.calls if c[0] == "forget"] == [("forget", ("storm", 2))]  # the first short one
+    links = rc.evidence(SimpleNamespace(begin_ns=9_000, end_ns=11_000)).links
+    assert [ln.key for ln in links] == [("storm", 1)]

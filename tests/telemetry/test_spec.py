@@ -72,11 +72,13 @@ def test_events_on_an_open_span_and_close_now():
     tel, memory = telemetry()
     tel.open("k", SpanSpec("ep", 100, None, {}))
     tel.event("k", "upd", 150, {"a": 1, "b": None})
-    assert tel.is_open("k")
+    assert not finished(tel, memory)  # open: not exported yet
     tel.close("k", {"unfinished": True}, None)
     ep = finished(tel, memory)["ep"]
     assert [(e.name, dict(e.attributes)) for e in ep.events] == [("upd", {"a": 1})] and ep.attributes["unfinished"]
-    assert not tel.is_open("k")
+    tel.event("k", "late", 200, {})  # closed: no span to add it to, and no error
+    tel.close("k", {}, None)
+    assert [s.name for s in memory.get_finished_spans()] == ["ep"]
 
 
 def test_published_rows_and_read_instruments():

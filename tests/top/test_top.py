@@ -45,7 +45,6 @@ from mcp_hostagent.telemetry.snapshot import (
     parse_meminfo, percentile, short_command,
 )
 from mcp_hostagent.pcie.episodes import link_degraded
-from mcp_hostagent.core.health import AgentHealth
 from mcp_hostagent.core.timebase import Timebase
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,11 +74,12 @@ class Host:
         self.storms: list[Episode] = []
         self.gpu = None
         self.nvml = None
+        self.nic = None
 
     def state(self) -> TickState:
         return TickState(proc_rows=self.proc_rows, kswapd=self.kswapd,
                          open_storms=tuple(e for e in self.storms if not e.closed), gpu=self.gpu, nvml=self.nvml,
-                         to_wall=Timebase(offset_ns=0).to_wall_ns)
+                         nic=self.nic, to_wall=Timebase(offset_ns=0).to_wall_ns)
 
 
 def request(pid: int, rid: int, begin_ns: int, dur_ms: float, faults: int = 10, reason: str = "marked",
@@ -282,11 +282,11 @@ def test_storm_close_and_ctx_heavy_findings():
 
 
 class Nics:
-    """GpuHealth's NIC side as the builder reads it: the drained LinkEvents (a bounded deque) and the
+    """The NIC capability as the builder reads it: the drained LinkEvents (a bounded deque) and the
     watcher's current links."""
 
     def __init__(self, maxlen: int = 256):
-        from mcp_hostagent.gpuhealth.capability import SourceStatus
+        from mcp_hostagent.core.capability import SourceStatus
 
         self.nic_events = deque(maxlen=maxlen)
         self.states: dict = {}
@@ -303,7 +303,7 @@ class Nics:
 def test_nic_link_events_become_findings_and_json(tmp_path):
     clock = Clock()
     host = Host()
-    host.gpu = nics = Nics(maxlen=8)
+    host.nic = nics = Nics(maxlen=8)
     b = SnapshotBuilder(clock=clock, wall=lambda: clock.t, to_wall=lambda ns: ns)
     hostile = "\x1b[7m\u202eq"  # a valid interface name: the kernel refuses only / : and white space
     for name in ("eth0", "vA", hostile):
