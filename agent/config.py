@@ -37,6 +37,11 @@ else:  # pragma: no cover
 DEFAULT_CONFIG_PATH = "/etc/mcp-hostagent/config.toml"
 ENV_PREFIX = "MCP_AGENT_"
 CONFIG_ENV = "MCP_AGENT_CONFIG"
+# What Kubernetes' service links put in every pod of a namespace with a Service named mcp-agent
+# (<SVC>_SERVICE_HOST, <SVC>_SERVICE_PORT[_<NAME>], <SVC>_PORT[_<PORT>_<PROTO>[_PROTO|_PORT|_ADDR]]):
+# not ours, and no setting is named like them. Refusing them as unknown settings crash-looped the
+# DaemonSet; any other unknown MCP_AGENT_ name is still refused (a typo must not pass silently).
+_SERVICE_LINK = re.compile(r"MCP_AGENT_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?)")
 TYPES = ("str", "int", "float", "bool", "list[str]", "list[int]", "choice")
 
 
@@ -516,7 +521,8 @@ def load_config(path: str | None = None, env: Mapping[str, str] | None = None,
             values[key], sources[key] = v, f"file:{file}"
 
     for name in sorted(env):
-        if name.startswith(ENV_PREFIX) and name != CONFIG_ENV and name not in _BY_ENV:
+        if name.startswith(ENV_PREFIX) and name != CONFIG_ENV and name not in _BY_ENV \
+                and not _SERVICE_LINK.fullmatch(name):
             hint = _hint(name[len(ENV_PREFIX):], [n[len(ENV_PREFIX):] for n in _BY_ENV], ENV_PREFIX + "{}")
             raise ConfigError(f"{name}={_show(env[name])}: unknown setting{hint}")
     for s in SETTINGS:

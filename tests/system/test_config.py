@@ -530,3 +530,19 @@ def test_example_file_round_trips(tmp_path):
     p.write_text(uncommented)
     cfg = load_config(str(p), env={})
     assert values(cfg) == defaults() and set(cfg.sources.values()) == {f"file:{p}"}
+
+
+def test_kubernetes_service_link_variables_are_not_settings():
+    """A Service named mcp-agent makes Kubernetes put these in every pod of its namespace (service links,
+    on by default): they are left alone, while a name that only looks like ours is still refused."""
+    links = {"MCP_AGENT_SERVICE_HOST": "10.96.0.12", "MCP_AGENT_SERVICE_PORT": "4317",
+             "MCP_AGENT_SERVICE_PORT_OTLP_GRPC": "4317", "MCP_AGENT_PORT": "tcp://10.96.0.12:4317",
+             "MCP_AGENT_PORT_4317_TCP": "tcp://10.96.0.12:4317", "MCP_AGENT_PORT_4317_TCP_PROTO": "tcp",
+             "MCP_AGENT_PORT_4317_TCP_PORT": "4317", "MCP_AGENT_PORT_4317_TCP_ADDR": "10.96.0.12",
+             "MCP_AGENT_PORT_53_UDP_ADDR": "10.96.0.12"}
+    cfg = load_config(env={**links, "MCP_AGENT_LOG_LEVEL": "debug"})
+    assert cfg.log_level == "debug" and not any(v.startswith("env:MCP_AGENT_PORT") for v in cfg.sources.values())
+    for near in ("MCP_AGENT_PORTS", "MCP_AGENT_PORT_4317", "MCP_AGENT_PORT_4317_TCP_HOST", "MCP_AGENT_SERVICE_HOSTS"):
+        with pytest.raises(ConfigError) as e:
+            load_config(env={near: "1"})
+        assert "unknown setting" in one_line_error(e), near
