@@ -82,6 +82,7 @@ class OneLineErrors(click.Group):
 
 
 @click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "-V", "--version", prog_name="mcp-agent", message="%(prog)s (mcp-hostagent) %(version)s")
 def main():
     """eBPF host-level observability for GPU inference hosts.
 

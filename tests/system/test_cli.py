@@ -87,8 +87,9 @@ def can_drop_privileges() -> str | None:
 
 # ---- help and version ------------------------------------------------------------------------------
 
-def test_version():
-    r = cli("version")
+@pytest.mark.parametrize("args", [["version"], ["--version"], ["-V"]])
+def test_version(args):
+    r = cli(*args)
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"mcp-agent (mcp-hostagent) {__version__}\n"
     assert r.stderr == ""
