@@ -86,9 +86,10 @@ class OneLineErrors(click.Group):
 def main():
     """eBPF host-level observability for GPU inference hosts.
 
-    Counts what the host does to each inference request (page faults, context switches, off-CPU time;
-    more probes as they land) in the kernel, and exports it as OpenTelemetry spans that join the
-    application's own traces, plus per-process and agent-health metrics.
+    Counts what the host does to each inference request in the kernel (page faults, context switches,
+    off-CPU time, reclaim stalls, CUDA driver calls and NVIDIA ioctls), next to reclaim storms and
+    GPU, PCIe and NIC health, and exports it as OpenTelemetry spans that join the application's own
+    traces, plus per-process, host and agent-health metrics.
 
     \b
     Start here:
