@@ -45,13 +45,11 @@
 #define MCP_REQ_RINGBUF_PAGES 256
 #endif
 /* The reader's lag (records in req_events not yet read) past which only owners within their share
- * (MCP_PRESSURE_BEGINS_PER_S in the current window) may begin: a starved agent, or one behind a
+ * (MCP_PRESSURE_BEGINS_PER_S in this window and the one before) may begin: a starved agent, or one behind a
  * flood, keeps room for light users instead of losing everyone's END records. Half the ring, counted
  * in the largest request record (struct mcp_ev_req_end, ~270 bytes with its 8-byte ring header). */
 #define MCP_PRESSURE_LAG (MCP_REQ_RINGBUF_PAGES * 4096 / 2 / 288)
-/* Small, because each owner's window restarts every second: under a lag, each owner past it still
- * gets this many begins (and their ends) a second into the half ring left. 1,000 let 200 flooding
- * processes overflow the ring under CPU starvation (test_security_blinding.py). */
+/* A light user's rate: under a lag, owners above it wait (requests.bpf.c, mark_begin). */
 #ifndef MCP_PRESSURE_BEGINS_PER_S
 #define MCP_PRESSURE_BEGINS_PER_S 100
 #endif

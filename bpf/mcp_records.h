@@ -109,7 +109,7 @@ struct mcp_budget {
 	__u32 window_begins;   /* begins in the current one-second window */
 	__u32 open;            /* open requests of this owner's threads */
 	__u32 procs;           /* processes of this owner with a tgid_state entry */
-	__u32 pad;
+	__u32 prev_begins;     /* begins in the window before (0 when that was over a second earlier) */
 };
 
 /* off-CPU interval start of a traced thread (map offcpu_start) */

@@ -97,9 +97,12 @@ static __always_inline int mark_allowed(u32 uid)
 }
 
 /* One-second windows: races between threads only blur the count by a few. */
-static __always_inline int window_take(u64 *start, u32 *begins, u32 max, u64 now)
+/* prev (or 0): gets the ending window's count, or 0 when that window ended over a second ago */
+static __always_inline int window_take(u64 *start, u32 *begins, u32 *prev, u32 max, u64 now)
 {
 	if (now - *start > 1000000000ULL) {
+		if (prev)
+			*prev = now - *start > 2000000000ULL ? 0 : *begins;
 		*start = now;
 		*begins = 0;
 	}
@@ -169,22 +172,25 @@ static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
 		return 0;
 	/* One-second windows per process, then per owner: a flood from one process, or from one
 	 * user's many processes, cannot fill the ring buffer for everyone. */
-	if (!window_take(&ts->window_start_ns, &ts->window_begins, MCP_MAX_BEGINS_PER_S, now)) {
+	if (!window_take(&ts->window_start_ns, &ts->window_begins, 0, MCP_MAX_BEGINS_PER_S, now)) {
 		stat_inc(MCP_STAT_BEGIN_RATE);
 		return 0;
 	}
-	if (bu && !window_take(&bu->window_start_ns, &bu->window_begins, MCP_MAX_BEGINS_PER_S_UID, now)) {
+	if (bu && !window_take(&bu->window_start_ns, &bu->window_begins, &bu->prev_begins, MCP_MAX_BEGINS_PER_S_UID, now)) {
 		stat_inc(MCP_STAT_BEGIN_UID_RATE);
 		return 0;
 	}
-	if (bc && !window_take(&bc->window_start_ns, &bc->window_begins, MCP_MAX_BEGINS_PER_S_CGROUP, now)) {
+	if (bc && !window_take(&bc->window_start_ns, &bc->window_begins, &bc->prev_begins, MCP_MAX_BEGINS_PER_S_CGROUP, now)) {
 		stat_inc(MCP_STAT_BEGIN_CGROUP_RATE);
 		return 0;
 	}
 	/* The reader is behind (starved of CPU, or behind a flood): the owners past their share this
-	 * second wait, so that the ring keeps room for the END records of requests already begun and
-	 * for light users. */
-	if (bu && (bu->window_begins > MCP_PRESSURE_BEGINS_PER_S || bc->window_begins > MCP_PRESSURE_BEGINS_PER_S)
+	 * second or the one before wait, so that the ring keeps room for the END records of requests
+	 * already begun and for light users. The second before counts too: with this one alone, each
+	 * new window gave a flooding owner its share again (a begin and an END each), more than an agent
+	 * starved by that flood reads, and the ring overflowed after a few seconds behind (CI). */
+	if (bu && (bu->window_begins > MCP_PRESSURE_BEGINS_PER_S || bc->window_begins > MCP_PRESSURE_BEGINS_PER_S
+		   || bu->prev_begins > MCP_PRESSURE_BEGINS_PER_S || bc->prev_begins > MCP_PRESSURE_BEGINS_PER_S)
 	    && reader_behind()) {
 		stat_inc(MCP_STAT_BEGIN_PRESSURE);
 		return 0;

@@ -81,7 +81,8 @@ class OwnerKey(ctypes.Structure):
 
 
 class Budget(ctypes.Structure):
-    _fields_ = [("window_start_ns", u64), ("window_begins", u32), ("open", u32), ("procs", u32), ("pad", u32)]
+    _fields_ = [("window_start_ns", u64), ("window_begins", u32), ("open", u32), ("procs", u32),
+                ("prev_begins", u32)]
 
 
 class Offcpu(ctypes.Structure):
