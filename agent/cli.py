@@ -104,7 +104,10 @@ def main():
 @click.option("--otlp-endpoint", help="OTLP collector URL, e.g. http://127.0.0.1:4317 (gRPC) or http://127.0.0.1:4318 (HTTP). Env: OTEL_EXPORTER_OTLP_ENDPOINT.")
 @click.option("--otlp-protocol", type=click.Choice(["grpc", "http/protobuf"]), help="OTLP transport (default grpc). Env: OTEL_EXPORTER_OTLP_PROTOCOL.")
 @click.option("--jsonl", "jsonl_path", help="OTLP-JSON lines file; 'none' disables it. Default /var/lib/mcp-hostagent/telemetry.jsonl.")
-@click.option("--console/--no-console", default=None, help="Also print one line per span on stdout.")
+@click.option("--console/--no-console", default=None, help="Also print one line per span, and per metric interval one summary line per metric, on stdout.")
+@click.option("--prometheus", "prometheus_listen", metavar="ADDR",
+              help="Serve metrics for Prometheus on http://ADDR/metrics, e.g. 127.0.0.1:9464 or [::1]:9464; no "
+                   "authentication (docs/PROMETHEUS.md); 'none' disables it. Default off. Env: MCP_AGENT_EXPORT_PROMETHEUS_LISTEN.")
 @click.option("--strict/--no-strict", default=None, help="Exit non-zero if any enabled probe is missing.")
 @click.option("--watch", type=click.Choice(["all", "gpu", "marked"]), help="Per-process counters for: all processes, GPU processes (default), or only those that mark requests.")
 @click.option("--pid", "pids", type=int, multiple=True, help="Also watch this pid (repeatable).")
@@ -115,8 +118,8 @@ def main():
 @click.option("--status/--no-status", default=None, help="One-line live status on stderr (default on).")
 @click.option("--duration", type=click.FloatRange(min=0.1), help="Stop after this many seconds (default: until SIGINT/SIGTERM).")
 @click.option("--show-config", is_flag=True, help="Print the effective settings with their sources, then exit.")
-def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, strict, watch, pids, comms, disable,
-        kernel_headers, link_modules_build, status, duration, show_config):
+def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, prometheus_listen, strict, watch, pids, comms,
+        disable, kernel_headers, link_modules_build, status, duration, show_config):
     """Attach the probes and export spans and metrics until stopped.
 
     With no collector configured, telemetry goes to an OTLP-JSON lines file (one OTLP export request
@@ -125,13 +128,14 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, strict, 
     request spans become children of the application's span named by the W3C traceparent.
 
     SIGINT/SIGTERM: drain, detach every probe, flush exporters, exit 0 within 5 s. SIGHUP: re-read the
-    config; a bad one is refused (one line, counted in mcp.agent.config.reload_failed) and the agent
+    config; a bad one is refused (one line, counted in hostagent.agent.config.reload_failed) and the agent
     runs on; a good one restarts the pipeline with it. Under systemd (Type=notify) READY=1 is sent once
     the probes are attached, WATCHDOG=1 every status tick.
     """
     overrides = {
         "export.otlp_endpoint": otlp_endpoint, "export.otlp_protocol": otlp_protocol,
-        "export.jsonl_path": jsonl_path, "export.console": console, "probes.strict": strict,
+        "export.jsonl_path": jsonl_path, "export.console": console,
+        "export.prometheus_listen": prometheus_listen, "probes.strict": strict,
         "process.watch": watch, "process.pids": pids or None, "process.comms": comms or None,
         "probes.disable": disable or None, "kernel.headers": kernel_headers,
         "kernel.link_modules_build": link_modules_build, "status.enabled": status,
@@ -226,6 +230,7 @@ def _start_agent(cfg, progress, echo, reloads):
     from .control import serve
     from .exporters.jsonl import UnsafeFileError, check_jsonl_path
     from .core.agent import Agent, StartError
+    from .core.probes import UPROBE_STATES
 
     if cfg.export_jsonl_path:
         try:  # refused here, one line, before any probe loads; later (rotation) it is counted instead
@@ -241,11 +246,15 @@ def _start_agent(cfg, progress, echo, reloads):
     for line in rep.tracefs:
         echo(f"  tracefs:  {line}")
     echo(f"  headers:  {rep.headers}")
-    c = rep.plan.counts()
-    echo(f"  bpf:      compiled in {rep.compile_s:.2f}s; probes {c['attached']} attached, "
-         f"{c['missing']} missing, {c['disabled']} disabled")
+    echo(f"  bpf:      compiled in {rep.compile_s:.2f}s; probes {rep.plan.summary()}")
     for s in rep.plan.missing():
         echo(f"  missing:  {s.spec.name}: {s.reason}" + (f" (HINT: {s.hint})" if s.hint else ""))
+    ups: dict[tuple[str, str], list[str]] = {}  # the libcuda uprobe families: (state, detail) -> names
+    for s in rep.plan.statuses.values():
+        if s.state in UPROBE_STATES:
+            ups.setdefault((s.state, s.reason), []).append(s.spec.name)
+    for (state, detail), names in ups.items():
+        echo(f"  uprobes:  {', '.join(names)} {state}" + (f" ({detail})" if detail else ""))
     if rep.sources:
         echo("  sources:  " + ", ".join(f"{s.name} {s.state}" + (f" ({s.reason})" if s.reason and s.state != "attached" else "")
                                        for s in rep.sources))
@@ -257,20 +266,16 @@ def _start_agent(cfg, progress, echo, reloads):
 
 
 def _reload_metrics(agent, reloads) -> None:
-    """mcp.agent.config.reloads / reload_failed: process-lifetime counts, on each new Agent's meter."""
+    """hostagent.agent.config.reloads / reload_failed: process-lifetime counts, on each new Agent's meter."""
     if agent.telemetry is None:
         return
-    m = agent.telemetry.meter_provider.get_meter("mcp_hostagent.cli", __version__)
-    m.create_observable_counter("mcp.agent.config.reloads", [lambda options: [_obs(reloads["ok"])]],
-                                unit="{reload}", description="SIGHUP reloads applied")
-    m.create_observable_counter("mcp.agent.config.reload_failed", [lambda options: [_obs(reloads["failed"])]],
-                                unit="{reload}", description="SIGHUP reloads refused (bad config) or failed to start")
+    from dataclasses import replace
 
+    from .telemetry.catalog import RELOAD_INSTRUMENTS
 
-def _obs(value):
-    from opentelemetry.metrics import Observation
-
-    return Observation(value)
+    ok, failed = RELOAD_INSTRUMENTS
+    agent.telemetry.declare([replace(ok, read=lambda: [(reloads["ok"], {})]),
+                             replace(failed, read=lambda: [(reloads["failed"], {})])])
 
 
 def _reload(agent, ctl, config_path, overrides, env0, progress, echo, notifier, reloads):
@@ -316,8 +321,10 @@ def _reload(agent, ctl, config_path, overrides, env0, progress, echo, notifier, 
 def probes(config_path, dump):
     """Show each probe on this host: attached, missing (with reason and hint) or disabled.
 
-    Compiles and attaches every enabled probe for real, then detaches. Exits 0 even when some are
-    missing: this is the question, not the verdict (`run --strict` is the verdict).
+    Compiles and attaches every enabled tracepoint probe for real, then detaches. The libcuda uprobe
+    families are only resolved, not attached: found (their symbols in a libcuda.so mapped now; `run`
+    arms them) or waiting (none mapped now). Exits 0 even when some are missing: this is the
+    question, not the verdict (`run --strict` is the verdict).
     """
     cfg = _load(config_path, {})
     from .core import loader, probes as probes_mod
@@ -353,7 +360,8 @@ def probes(config_path, dump):
     click.echo(f"compile: {sum(x.compile_s for x in loaded):.2f}s")
     click.echo(probes_mod.render_table(plan))
     if cuda_report:
-        click.echo("\nlibcuda uprobes (attached per library inode as processes map it):\n" + cuda_report)
+        click.echo("\nlibcuda uprobes (`run` arms them per library inode as processes map it; "
+                   "found here, not attached):\n" + cuda_report)
 
 
 @main.command()

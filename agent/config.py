@@ -111,6 +111,19 @@ def _headers_file(v: str) -> str:
     return v
 
 
+def _listen(v: str) -> str:
+    """host:port of the Prometheus endpoint ("" or "none": off); checked here, bound at start."""
+    if v == "" or v.lower() == "none":
+        return ""
+    from .exporters.prometheus import parse_listen
+
+    try:
+        parse_listen(v)
+    except ValueError as e:  # ListenError: its reason, without the value again
+        raise ValueError(getattr(e, "reason", str(e))) from None
+    return v
+
+
 def _group(v: str) -> str:
     """A group name that exists here, or a numeric gid (which needs no name: a container's /etc/group
     may lack the host's groups). Resolved again when the socket is made."""
@@ -161,7 +174,8 @@ def _probe_names(v: tuple[str, ...]) -> tuple[str, ...]:
 S = Setting
 SETTINGS: tuple[Setting, ...] = (
     S("export.jsonl_path", "str", "/var/lib/mcp-hostagent/telemetry.jsonl",
-      'File that telemetry is appended to as JSON lines; "" or "none" disables it', check=_none_is_empty),
+      'File that spans are appended to as OTLP/JSON lines, metrics to the same name with .metrics '
+      'before the extension; "" or "none" disables both', check=_none_is_empty),
     S("export.otlp_endpoint", "str", None,
       'OTLP collector URL (http:// or https://); unset or "" disables OTLP export',
       env_aliases=("OTEL_EXPORTER_OTLP_ENDPOINT",), optional=True, check=_http_url),
@@ -170,7 +184,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("export.headers_file", "str", None,
       "File of OTLP headers (tokens), one name=value a line; must be root's, mode 0600; read again on SIGHUP",
       optional=True, check=_headers_file),
-    S("export.console", "bool", False, "Also print telemetry to stdout"),
+    S("export.console", "bool", False, "Also print telemetry to stdout: a line per span, a summary line per metric and export interval"),
+    S("export.prometheus_listen", "str", "",
+      'host:port (e.g. 127.0.0.1:9464, [::1]:9464) serving metrics on GET /metrics for Prometheus, without'
+      ' authentication (docs/PROMETHEUS.md); "" or "none" disables it', max=255, check=_listen),
     S("export.metric_interval_s", "float", 10.0, "Seconds between metric exports", min=0.5, max=3600),
     S("export.max_queue_size", "int", 8192,
       "Most spans queued for export; when full, new spans are dropped and counted", min=16, max=1_000_000),
@@ -244,6 +261,11 @@ SETTINGS: tuple[Setting, ...] = (
       "Most libcuda files (device, inode) followed at once; more are refused and counted", min=1, max=4096),
     S("cuda.duty_slice_s", "float", 0.2, "Length of one attach slice when launch probes are duty-cycled",
       min=0.01, max=10),
+    S("cuda.step_span_min_ms", "float", 50.0,
+      "A GPU step of an unmarked process becomes a span only if it lasts this long and 4x its process's "
+      "mean; every step goes to the step histograms", min=0.0, max=3.6e6),
+    S("cuda.step_spans_per_s", "float", 10.0,
+      "Most GPU step spans per second, host-wide (and 1 per second per process)", min=0.0, max=10000),
     S("gpu.enabled", "bool", True, "Sample NVML (utilisation, clocks, throttling, PCIe, Xid) and poll PCIe links in sysfs"),
     S("gpu.sample_period_s", "float", 1.0, "Seconds between NVML samples of each GPU", min=0.05, max=60),
     S("gpu.slow_period_s", "float", 10.0,
@@ -283,6 +305,7 @@ class Config:
     export_otlp_protocol: str
     export_headers_file: str | None
     export_console: bool
+    export_prometheus_listen: str
     export_metric_interval_s: float
     export_max_queue_size: int
     service_name: str
@@ -315,6 +338,8 @@ class Config:
     cuda_device_globs: tuple[str, ...]
     cuda_max_libraries: int
     cuda_duty_slice_s: float
+    cuda_step_span_min_ms: float
+    cuda_step_spans_per_s: float
     gpu_enabled: bool
     gpu_sample_period_s: float
     gpu_slow_period_s: float

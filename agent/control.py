@@ -11,7 +11,7 @@ a connection the client may keep:
 The server only reads SnapshotBuilder.latest_json(): serving a client never touches BPF, NVML or the
 agent's thread. Clients are bounded (count, count per uid, request size, idle time, and a total
 time per connection), so a stuck or hostile one costs one thread until its deadline and nothing
-else; each refusal is counted (`rejected`, the agent's mcp.agent.records.rejected, reasons control_*).
+else; each refusal is counted (`rejected`, the agent's hostagent.agent.records.rejected, reasons control_*).
 ControlClient reconnects when the agent ends a connection, so the deadline costs `top` nothing.
 """
 

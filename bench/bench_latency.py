@@ -7,7 +7,7 @@ protobuf), once per protocol. A child process marks requests (mcp_hostagent.mark
 process does) at random (Poisson) times at a given rate, and notes each request's end on
 CLOCK_REALTIME just before its end marker. The receiver notes, on the same clock, when each export
 request arrived (after gRPC or HTTP has parsed it); a span is matched to its request by
-mcp.request.id. Latency = arrival - end.
+hostagent.request.id. Latency = arrival - end.
 
 What decides it: the OTel SDK batch span processor wakes every schedule delay (or as soon as
 max_export_batch_size spans are queued) and exports what is queued, so a span waits for the next
@@ -90,7 +90,7 @@ def receivers():
 
 
 def span_arrivals(rx) -> dict[int, int]:
-    """request id -> arrival time of its mcp.request span."""
+    """request id -> arrival time of its hostagent.request span."""
     out = {}
     with rx._lock2:
         got = list(rx.arrivals)
@@ -98,10 +98,10 @@ def span_arrivals(rx) -> dict[int, int]:
         for rs in req.resource_spans:
             for ss in rs.scope_spans:
                 for sp in ss.spans:
-                    if sp.name != "mcp.request":
+                    if sp.name != "hostagent.request":
                         continue
                     for kv in sp.attributes:
-                        if kv.key == "mcp.request.id":
+                        if kv.key == "hostagent.request.id":
                             out.setdefault(int(kv.value.string_value, 16), t)
                             break
     return out

@@ -233,13 +233,13 @@ def span_counter():
 
         def on_start(self, span, parent_context=None) -> None:
             self.started[span.name] += 1
-            if span.name == "mcp.reclaim_storm":
-                scope = (span.attributes or {}).get("mcp.storm.scope", "?")
+            if span.name == "hostagent.reclaim_storm":
+                scope = (span.attributes or {}).get("hostagent.storm.scope", "?")
                 self.storm_scopes["host" if scope == "host" else "cgroup"] += 1
 
         def on_end(self, span) -> None:
             self.ended[span.name] += 1
-            if span.name == "mcp.request" and any(lk.attributes.get("mcp.link.type") == "reclaim_storm"
+            if span.name == "hostagent.request" and any(lk.attributes.get("hostagent.link.type") == "reclaim_storm"
                                                   for lk in span.links):
                 self.linked_requests += 1
 
@@ -512,10 +512,10 @@ def main(argv=None) -> int:
           f"(node_unreclaimable) in {k['kswapd_gave_up_none']} / {k['kswapd_gave_up_agent']} storms; "
           f"{k['storms_revived']} storms began with a memcg write to wake it; min_free_kbytes raised to "
           f"~{k['min_free_kb'] / 1024 / 1024:.1f} GiB")
-    produced = {"storm_episodes_opened": counter.started["mcp.reclaim_storm"],
+    produced = {"storm_episodes_opened": counter.started["hostagent.reclaim_storm"],
                 "storm_episodes_by_scope": dict(counter.storm_scopes),
-                "storm_episodes_closed": counter.ended["mcp.reclaim_storm"], "still_open": still_open,
-                "stall_spans": counter.ended["mcp.reclaim.stall"], "request_spans": counter.ended["mcp.request"],
+                "storm_episodes_closed": counter.ended["hostagent.reclaim_storm"], "still_open": still_open,
+                "stall_spans": counter.ended["hostagent.reclaim.stall"], "request_spans": counter.ended["hostagent.request"],
                 "requests_linked_to_a_storm": counter.linked_requests,
                 "storms_in_agent_rounds": sum(len(all_res[(k, "agent")]) for k in ("memcg", "kswapd")) + 2}
     results["produced"] = produced

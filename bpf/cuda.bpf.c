@@ -13,7 +13,8 @@
  *
  * Duty cycle: the governor (agent/cuda/governor.py) attaches each busy cuLaunchKernel* probe for a
  * slice and detaches it for (weight - 1) slices when its cost would exceed the overhead budget; each
- * hit then counts the symbol's weight (cu_config) and marks the counters `sampled` with it.
+ * hit then counts the symbol's weight (cu_config) in its process's counters (rate estimates, metrics)
+ * and marks the counters `sampled` with it; a request or step counts the hit once (cu_add).
  */
 
 #define MCP_CU_HIST_SLOTS 48 /* log2(ns) buckets: up to ~39 h */
@@ -71,8 +72,12 @@ static __always_inline struct mcp_cu_thread *cu_thread_get(u32 tid, u32 tgid)
 }
 
 /* n at offset off_n and ns at off_ns: to the thread's open request, else to its zero-touch step
- * state; and to its process. Only the thread itself writes its request and step entries. */
-static __always_inline void cu_add(u32 tid, u32 tgid, u32 off_n, u64 n, u32 off_ns, u64 ns, u64 sampled)
+ * state (one per hit: n_thread); and to its process (n, weighted). Only the thread itself writes its
+ * request and step entries. A request's launches stay unweighted hits: user space knows when the
+ * probe was on during the request (agent/cuda/coverage.py) and says exact, estimate or unknown;
+ * weighted, a request inside an on-slice would read weight x its launches. */
+static __always_inline void cu_add(u32 tid, u32 tgid, u32 off_n, u64 n_thread, u64 n, u32 off_ns, u64 ns,
+				   u64 sampled)
 {
 	struct mcp_counters *c;
 	struct mcp_req_state *st = req_by_tid.lookup(&tid);
@@ -83,7 +88,7 @@ static __always_inline void cu_add(u32 tid, u32 tgid, u32 off_n, u64 n, u32 off_
 		c = t ? &t->c : 0;
 	}
 	if (c) {
-		*CU_FIELD(c, off_n) += n;
+		*CU_FIELD(c, off_n) += n_thread;
 		if (ns)
 			*CU_FIELD(c, off_ns) += ns;
 		if (sampled)
@@ -123,7 +128,7 @@ static __always_inline int cu_launch_hit(u32 off, u32 weight_idx)
 	}
 	if (!cu_watched(tgid))
 		return 0;
-	cu_add((u32)pid_tgid, tgid, off, w, off, 0, w > 1 ? w : 0);
+	cu_add((u32)pid_tgid, tgid, off, 1, w, off, 0, w > 1 ? w : 0);
 	return 0;
 }
 
@@ -188,7 +193,7 @@ static __always_inline int cu_return(u32 family, u32 hist, u32 off_n, u32 off_ns
 		return 0;
 	}
 	hist_add(tgid, hist, d);
-	cu_add(tid, tgid, off_n, 1, off_ns, d, 0);
+	cu_add(tid, tgid, off_n, 1, 1, off_ns, d, 0);
 	if (family == MCP_CU_SYNC)
 		cu_step(pid_tgid, now, d, kind, req_by_tid.lookup(&tid) != 0);
 	return 0;
@@ -272,7 +277,7 @@ int nv_ioctl_exit(void *ctx)
 	struct mcp_nv_cmd_key ck = {.tgid = tgid, .cmd = s->cmd, .dev = s->dev};
 	nv_ioctl_start.delete(&tid);
 	hist_add(tgid, MCP_HIST_IOCTL, d);
-	cu_add(tid, tgid, CU_OFF(nv_ioctls), 1, CU_OFF(nv_ioctl_ns), d, 0);
+	cu_add(tid, tgid, CU_OFF(nv_ioctls), 1, 1, CU_OFF(nv_ioctl_ns), d, 0);
 	struct mcp_nv_cmd_val zero = {};
 	nv_cmd.insert(&ck, &zero);
 	struct mcp_nv_cmd_val *v = nv_cmd.lookup(&ck);

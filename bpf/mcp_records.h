@@ -61,6 +61,9 @@ struct mcp_counters {
 	__u64 nv_ioctls;         /* ioctls on /dev/nvidia* */
 	__u64 nv_ioctl_ns;
 	__u64 sampled;           /* non-zero: some high-rate CUDA counts were duty-cycled (scaled) */
+	/* requests.bpf.c, appended */
+	__u64 offcpu_runnable_ns; /* the part of offcpu_ns switched out while runnable (preempted or
+	                           * yielded: prev_state 0 or TASK_REPORT_MAX) -> back in: run-queue wait */
 };
 
 /* per-thread state of an open request (map req_by_tid) */
@@ -116,7 +119,7 @@ struct mcp_budget {
 struct mcp_offcpu {
 	__u64 ts_ns;
 	__u32 tgid;
-	__u32 pad;
+	__u32 runnable;        /* switched out while runnable: the interval is waiting for a CPU */
 };
 
 /* ---- ring buffer records: every record starts with the common header ---- */

@@ -73,8 +73,12 @@ static __always_inline int reclaim_end(u32 kind, u64 nr_reclaimed)
 			__sync_fetch_and_add(h, 1);
 	}
 
-	struct mcp_counters zero = {};
-	reclaim_by_tgid.insert(&tgid, &zero);
+	{
+		/* scoped: its stack slot is free again for proc_counters' own zero (inlined below); both
+		 * live at once would pass the 512-byte BPF stack once mcp_counters grew (MCP_WATCH_ALL) */
+		struct mcp_counters zero = {};
+		reclaim_by_tgid.insert(&tgid, &zero);
+	}
 	struct mcp_counters *pc = reclaim_by_tgid.lookup(&tgid);
 	if (pc)
 		add_reclaim(pc, kind, d, nr_reclaimed);

@@ -338,7 +338,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
 			}
 		}
 		if (st || w) {
-			struct mcp_offcpu o = {.ts_ns = now, .tgid = prev_tgid};
+			struct mcp_offcpu o = {.ts_ns = now, .tgid = prev_tgid, .runnable = !voluntary};
 			offcpu_start.update(&prev, &o);
 		}
 	}
@@ -346,14 +346,20 @@ TRACEPOINT_PROBE(sched, sched_switch)
 		struct mcp_offcpu *o = offcpu_start.lookup(&next);
 		if (o) {
 			u64 d = now - o->ts_ns;
-			u32 tgid = o->tgid;
+			u32 tgid = o->tgid, runnable = o->runnable;
 			offcpu_start.delete(&next);
 			struct mcp_req_state *st = req_by_tid.lookup(&next);
-			if (st)
+			if (st) {
 				st->c.offcpu_ns += d;
+				if (runnable)
+					st->c.offcpu_runnable_ns += d;
+			}
 			struct mcp_counters *c = proc_stats.lookup(&tgid);
-			if (c)
+			if (c) {
 				__sync_fetch_and_add(&c->offcpu_ns, d);
+				if (runnable)
+					__sync_fetch_and_add(&c->offcpu_runnable_ns, d);
+			}
 		}
 	}
 	return 0;

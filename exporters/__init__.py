@@ -1,4 +1,5 @@
-"""Where the agent's spans and metrics go: JSONL file, OTLP (gRPC or HTTP/protobuf), console.
+"""Where the agent's spans and metrics go: JSONL file, OTLP (gRPC or HTTP/protobuf), console, and a
+Prometheus scrape endpoint (off by default).
 
 Data flow: the capabilities turn BPF records into span specs and metric rows, agent/telemetry/otel.py
 turns those into SDK spans and observations; the SDK's batch span processor and periodic metric
@@ -7,23 +8,26 @@ only read what they are given: they never call back into the agent or the probes
 sink returns FAILURE (counted in `ExportStats`) instead of raising into the SDK worker.
 
     spans   -> CountingBatchSpanProcessor -> CountingSpanExporter -> MultiSpanExporter -> jsonl | otlp | console
-    metrics -> PeriodicExportingMetricReader (one per sink) -> CountingMetricExporter -> jsonl | otlp
+    metrics -> PeriodicExportingMetricReader (one per sink) -> CountingMetricExporter -> jsonl | otlp | console
+    metrics -> PrometheusReader (pulled: each GET /metrics collects) <- PrometheusServer (docs/PROMETHEUS.md)
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Callable
 
 from ..redact import redact_url
-from .console import ConsoleSpanExporter
+from .console import ConsoleMetricExporter, ConsoleSpanExporter
 from .counting import (CountingBatchSpanProcessor, CountingMetricExporter, CountingSpanExporter, ExportStats,
                        MultiSpanExporter, install_export_error_filters)
-from .jsonl import JsonlMetricExporter, JsonlSpanExporter, JsonlWriter
+from .jsonl import JsonlMetricExporter, JsonlSpanExporter, JsonlWriter, metrics_path
 from .otlp import otlp_metric_exporter, otlp_span_exporter
+from .prometheus import ListenError, PrometheusReader, PrometheusServer
 
 __all__ = [
+    "ConsoleMetricExporter",
     "ConsoleSpanExporter",
     "CountingBatchSpanProcessor",
     "CountingMetricExporter",
@@ -34,6 +38,8 @@ __all__ = [
     "JsonlSpanExporter",
     "JsonlWriter",
     "MultiSpanExporter",
+    "PrometheusReader",
+    "PrometheusServer",
     "build_exporters",
     "otlp_metric_exporter",
     "otlp_span_exporter",
@@ -46,10 +52,21 @@ class Exporters:
     metric_exporters: list[CountingMetricExporter]
     stats: ExportStats
     sinks: list[str] = field(default_factory=list)
+    # Metric readers the MeterProvider must be given as they are (pulled, not periodic): the
+    # PrometheusReader when export.prometheus_listen is set.
+    pull_readers: list = field(default_factory=list)
+    # What close() stops: the Prometheus HTTP server (it holds its port until then).
+    servers: list = field(default_factory=list)
 
     def describe(self) -> list[str]:
         """One human line per sink, e.g. `jsonl: /var/lib/mcp-agent/telemetry.jsonl`."""
         return list(self.sinks) or ["none: telemetry is collected but not exported"]
+
+    def close(self) -> None:
+        """Stop what serves telemetry (the Prometheus endpoint) and free its port. Idempotent; the
+        SDK's readers and exporters are shut down by their providers, not here."""
+        for server in self.servers:
+            server.close()
 
 
 def _env(*names: str) -> str | None:
@@ -75,6 +92,8 @@ def build_exporters(
     *,
     otlp_timeout_s: float | None = None,
     otlp_headers: dict[str, str] | None = None,
+    prometheus_listen: str | None = None,
+    prometheus_extra: Callable[[], list] | None = None,
 ) -> Exporters:
     """Build the counting, fanned-out span exporter and one counting metric exporter per sink.
 
@@ -82,14 +101,33 @@ def build_exporters(
     (then the SDK reads it). Protocol: `otlp_protocol` > OTEL_EXPORTER_OTLP_PROTOCOL > "grpc".
     `otlp_headers` (export.headers_file: tokens) go to the exporter constructors, over the headers of
     OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]HEADERS; they are never put in the environment.
+    `prometheus_listen` (host:port): a PrometheusReader in `pull_readers`, served on GET /metrics
+    from now until close(); ValueError (one line) when the address is malformed or cannot be bound.
+    `prometheus_extra` returns further Metric objects for each scrape (PrometheusReader's extra).
     """
     stats = ExportStats() if stats is None else stats
     spans, metrics, sinks = [], [], []
+    pull_readers, servers = [], []
+    if prometheus_listen:  # first: a busy port fails before any file or connection is opened
+        reader = PrometheusReader(extra=prometheus_extra)
+        servers.append(PrometheusServer(prometheus_listen, reader.scrape))
+        pull_readers.append(reader)
+    try:
+        return _build(jsonl_path, otlp_endpoint, otlp_protocol, console_stream, stats, otlp_timeout_s, otlp_headers,
+                      spans, metrics, sinks, pull_readers, servers)
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
+
+
+def _build(jsonl_path, otlp_endpoint, otlp_protocol, console_stream, stats, otlp_timeout_s, otlp_headers,
+           spans, metrics, sinks, pull_readers, servers) -> Exporters:
     if jsonl_path:
-        writer = JsonlWriter(jsonl_path)
+        writer, mwriter = JsonlWriter(jsonl_path), JsonlWriter(metrics_path(jsonl_path))
         spans.append(JsonlSpanExporter(writer))
-        metrics.append(JsonlMetricExporter(writer))
-        sinks.append(f"jsonl: {writer.path}")
+        metrics.append(JsonlMetricExporter(mwriter))
+        sinks.append(f"jsonl: {writer.path} (spans), {mwriter.path} (metrics)")
 
     protocol = otlp_protocol or _env("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
     th, mh = _headers("TRACES", otlp_headers), _headers("METRICS", otlp_headers)
@@ -113,20 +151,40 @@ def build_exporters(
 
     if console_stream is not None:
         spans.append(ConsoleSpanExporter(console_stream))
-        sinks.append(f"console: {getattr(console_stream, 'name', type(console_stream).__name__)} (spans)")
+        metrics.append(ConsoleMetricExporter(console_stream))  # a summary line per metric name and interval
+        sinks.append(f"console: {getattr(console_stream, 'name', type(console_stream).__name__)} "
+                     "(spans, metric summaries)")
+    for server in servers:
+        sinks.append(f"prometheus: {server.url}" + ("" if _loopback(server.host) else
+                                                     " (not loopback: anyone who can reach it reads every metric)"))
 
     return Exporters(
         span_exporter=CountingSpanExporter(MultiSpanExporter(spans), stats),
         metric_exporters=[CountingMetricExporter(m, stats) for m in metrics],
         stats=stats,
         sinks=sinks,
+        pull_readers=pull_readers,
+        servers=servers,
     )
 
 
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
 def from_config(cfg) -> Exporters:
-    """The exporters `mcp-agent run` uses: the JSONL file, OTLP and the console as the settings say;
-    export.headers_file's headers go to the OTLP exporter constructors, never to the environment or
-    argv. ConfigError (one line) when the headers file is unreadable or unsafe."""
+    """The exporters `mcp-agent run` uses: the JSONL file, OTLP, the console and the Prometheus
+    endpoint as the settings say; export.headers_file's headers go to the OTLP exporter constructors,
+    never to the environment or argv. ConfigError (one line) when the headers file is unreadable or
+    unsafe, or export.prometheus_listen cannot be bound (in use, not this host's address)."""
+    import json
     import sys
 
     from ..config import ConfigError
@@ -138,8 +196,14 @@ def from_config(cfg) -> Exporters:
             headers = read_headers_file(cfg.export_headers_file)
         except ValueError as e:  # changed since load_config checked it
             raise ConfigError(f"export.headers_file = {cfg.export_headers_file!r}: {e}") from None
-    return build_exporters(cfg.export_jsonl_path or None, cfg.export_otlp_endpoint, cfg.export_otlp_protocol,
-                           console_stream=sys.stdout if cfg.export_console else None, otlp_headers=headers)
+    listen = cfg.export_prometheus_listen or None
+    try:
+        return build_exporters(cfg.export_jsonl_path or None, cfg.export_otlp_endpoint, cfg.export_otlp_protocol,
+                               console_stream=sys.stdout if cfg.export_console else None, otlp_headers=headers,
+                               prometheus_listen=listen)
+    except ListenError as e:  # in use, or not this host's address: the agent does not start
+        source = cfg.sources.get("export.prometheus_listen", "default")
+        raise ConfigError(f"export.prometheus_listen = {json.dumps(listen)} (from {source}): {e.reason}") from None
 
 
 def counting_only(note: str = "none: telemetry is counted, not exported") -> Exporters:

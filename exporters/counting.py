@@ -162,7 +162,7 @@ class _ExportErrorFilter(_RateLimitFilter):
             self._held += 1
         elif ok and self._held and str(record.msg).startswith(self.prefix) and isinstance(record.args, tuple):
             record.msg = (f"{record.msg} (and %d similar export errors in the last %.0f s, not logged; "
-                          "lost spans are counted in mcp.agent.spans.dropped)")
+                          "lost spans are counted in hostagent.agent.spans.dropped)")
             record.args = record.args + (self._held, self.interval_s)
             self._held = 0
         return ok

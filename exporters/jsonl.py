@@ -364,12 +364,21 @@ def _open_append(path: str) -> tuple[int, os.stat_result]:
     return fd, st
 
 
+def metrics_path(path: str | os.PathLike) -> str:
+    """Where metrics go beside the spans' file: `telemetry.jsonl` -> `telemetry.metrics.jsonl` (one
+    signal per file, so a reader of either needs no filter)."""
+    root, ext = os.path.splitext(os.fspath(path))
+    return f"{root}.metrics{ext or '.jsonl'}"
+
+
 def check_jsonl_path(path: str | os.PathLike) -> None:
-    """At start: UnsafeFileError (one line) unless path is safe to append to; creates it (0640)."""
+    """At start: UnsafeFileError (one line) unless path and its metrics file are safe to append to;
+    creates them (0640)."""
     path = os.fspath(path)
     _makedirs(os.path.dirname(path), 0o750)
-    fd, _ = _open_append(path)
-    os.close(fd)
+    for p in (path, metrics_path(path)):
+        fd, _ = _open_append(p)
+        os.close(fd)
 
 
 class JsonlWriter:

@@ -194,6 +194,12 @@ install -m 0640 "$REPO/packaging/config.example.toml" "$STAGE/etc/mcp-hostagent/
 install -m 0600 "$REPO/packaging/env.example" "$STAGE/etc/mcp-hostagent/env"
 install -m 0644 "$REPO/packaging/logrotate" "$STAGE/etc/logrotate.d/$PKG"
 install -m 0644 "$REPO/README.md" "$STAGE/usr/share/doc/$PKG/README.md"
+# the Grafana dashboard and the Prometheus rules (checked with promtool by the tests), for the
+# monitoring side to pick up; docs/TELEMETRY.md and docs/TRACEQL.md say what they show
+install -d -m 0755 "$STAGE/usr/share/$PKG/grafana" "$STAGE/usr/share/$PKG/prometheus"
+install -m 0644 "$REPO/packaging/grafana/mcp-agent-dashboard.json" "$STAGE/usr/share/$PKG/grafana/"
+install -m 0644 "$REPO/packaging/prometheus/rules.yml" "$STAGE/usr/share/$PKG/prometheus/"
+for d in TELEMETRY.md TRACEQL.md PROMETHEUS.md; do install -m 0644 "$REPO/docs/$d" "$STAGE/usr/share/doc/$PKG/$d"; done
 cat >"$STAGE/usr/share/doc/$PKG/copyright" <<'EOF'
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: mcp-hostagent

@@ -9,6 +9,11 @@ VENV="$REPO/.venv"
 SYS_PY=/usr/bin/python3                  # Debian's python: the one python3-bpfcc is packaged for
 DIST=/usr/lib/python3/dist-packages      # where python3-bpfcc puts the bcc module
 PKGS=(python3-bpfcc libbpfcc bpfcc-tools python3-venv python3-dev strace stress-ng tmux iproute2 make gcc)
+# Without recommends: Debian's prometheus recommends prometheus-node-exporter (and its IPMI/SNMP
+# tools). The tests run /usr/bin/prometheus and promtool themselves, on free ports; the packaged
+# service is not needed (its postinst does not start it where there is no systemd or a policy-rc.d
+# denies it, and where it does start, it holds 9090, which the tests never use).
+PKGS_NO_RECOMMENDS=(prometheus)
 export DEBIAN_FRONTEND=noninteractive
 
 say() { echo "setup: $*"; }
@@ -67,6 +72,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
     lists_fresh || apt_update
     for p in "${missing[@]}"; do has_candidate "$p" || { apt_update; break; }; done
     apt_install "${missing[@]}"
+fi
+missing=()
+for p in "${PKGS_NO_RECOMMENDS[@]}"; do installed "$p" || missing+=("$p"); done
+if [ "${#missing[@]}" -gt 0 ]; then
+    lists_fresh || apt_update
+    for p in "${missing[@]}"; do has_candidate "$p" || { apt_update; break; }; done
+    apt_install --no-install-recommends "${missing[@]}"
 fi
 
 # ---------------------------------------------------------------- kernel headers

@@ -46,6 +46,30 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"BPF unavailable here: {reason}"))
 
 
+# The identity of an observed process (process.*, container.*, k8s.pod.uid, hostagent.cgroup.path) is
+# the RESOURCE of its request and GPU step spans (agent/telemetry/otel.py: a tracer provider per
+# process); of it, the span's own attributes keep process.pid and thread.id only.
+PROCESS_IDENTITY = ("process.executable.name", "process.command_line", "process.owner", "process.creation.time",
+                    "container.id", "container.runtime", "k8s.pod.uid", "hostagent.cgroup.path")
+
+
+def resource_attrs(span) -> dict:
+    """An SDK ReadableSpan's resource attributes: the agent's own (service.*, host.name) merged with the
+    observed process's identity."""
+    return dict(span.resource.attributes)
+
+
+def identity_on_resource_only(span) -> dict:
+    """The span's process identity, read from its resource, after checking none of it leaked onto the
+    span's attributes and that the resource describes the process the span names (process.pid)."""
+    res = resource_attrs(span)
+    leaked = [k for k in PROCESS_IDENTITY if k in span.attributes]
+    assert not leaked, f"process identity on the span's attributes, not its resource: {leaked}"
+    if "process.pid" in res:
+        assert res["process.pid"] == span.attributes["process.pid"], (res, dict(span.attributes))
+    return res
+
+
 class RunningAgent:
     """An Agent running its loop on a thread, exporting spans to memory."""
 

@@ -145,8 +145,7 @@ class Agent:
         self.plan = probes.plan(cfg.probes_disable)
         try:
             allow = owners.allowed_owners(cfg)
-            exporters = self._exporters or exporters_mod.from_config(cfg)
-        except (owners.OwnerError, ConfigError) as e:
+        except owners.OwnerError as e:
             raise StartError(str(e)) from None
         self.loaded = loader.load(self.plan, bpf_settings(cfg), self.progress)
         if self.loaded:  # before any probe sees a marker (the maps exist from the load on)
@@ -162,6 +161,11 @@ class Agent:
         if not self.loaded:
             raise StartError(f"no BPF program loaded: {reasons}")
         self.bpf = self.loaded[0].bpf
+        try:  # once nothing else can refuse the start: the Prometheus endpoint binds its port here
+            exporters = self._exporters or exporters_mod.from_config(cfg)
+        except ConfigError as e:
+            self.detach()
+            raise StartError(str(e)) from None
         tel = self.telemetry = Telemetry(service_name=cfg.service_name, exporters=exporters, timebase=self.timebase,
                                          max_queue_size=cfg.export_max_queue_size,
                                          metric_interval_s=cfg.export_metric_interval_s)
@@ -277,16 +281,17 @@ class Agent:
             self.health.user_lost += 1
             if time.monotonic() - self._last_error_log > USER_LOST_LOG_S:
                 self._last_error_log = time.monotonic()
-                log.exception("handling %s failed (counted in mcp.agent.events.lost{where=user})", type(rec).__name__)
+                log.exception("handling %s failed (counted in hostagent.agent.events.lost{where=user})", type(rec).__name__)
         return 0
 
     def tick(self) -> None:
         """The periodic work, step by step. A step that fails (a map write refused, EMFILE, a /proc
-        file that changed shape under it) is counted in mcp.agent.errors and logged at most once a
+        file that changed shape under it) is counted in hostagent.agent.errors and logged at most once a
         minute; the other steps and the ring buffer go on: nothing a local user can make the kernel
         or /proc answer may end the agent."""
         if self.bpf is None:
             return
+        self.timebase.refresh()  # a wall-clock step (NTP, a VM restored) reaches span times within a tick
         self._step("expire", self.requests.tick)
         self._step("read_maps", self._read_maps)
         self._step("gpu", self._gpu_tick)
@@ -304,7 +309,7 @@ class Agent:
         now = time.monotonic()
         if now - self._step_logged.get(where, float("-inf")) >= TICK_STEP_LOG_S:
             self._step_logged[where] = now
-            log.warning("%s failed (%s: %s); counted in mcp.agent.errors, going on", where, type(e).__name__, e)
+            log.warning("%s failed (%s: %s); counted in hostagent.agent.errors, going on", where, type(e).__name__, e)
 
     # ---- maps ----
     def _read_maps(self) -> None:
@@ -321,7 +326,7 @@ class Agent:
         if lost > logged and time.monotonic() - at >= LOST_LOG_INTERVAL_S:
             self._lost_log = (time.monotonic(), lost)
             log.warning("ring buffer full: %d records lost in the kernel (%d since start), counted in "
-                        "mcp.agent.events.lost{mcp.where=kernel}; next report in %.0f s at the earliest",
+                        "hostagent.agent.events.lost{hostagent.where=kernel}; next report in %.0f s at the earliest",
                         lost - logged, lost, LOST_LOG_INTERVAL_S)
         self.processes.read(b)
         self.cuda_cap.publish()
@@ -335,20 +340,19 @@ class Agent:
     # ---- reporting ----
     def tick_state(self) -> TickState:
         """The plain state the top snapshot is built from, once a tick."""
-        c = self.plan.counts() if self.plan else {}
         h = self.health
         return TickState(
             proc_rows=self.processes.rows, kswapd=self.reclaim.kswapd if self.reclaim else None,
             open_storms=self.reclaim.open_storms() if self.reclaim else [], gpu=self.gpu, pcie=self.pcie,
             nic=self.nic, to_wall=self.timebase.to_wall_ns, agent=AgentView(
-                probes_attached=c.get("attached", 0), probes_total=len(self.plan.statuses) if self.plan else 0,
+                probes_attached=self.plan.live() if self.plan else 0,  # attached, armed, duty-cycled
+                probes_total=len(self.plan.statuses) if self.plan else 0,
                 lost_kernel=h.kernel_lost(), lost_user=h.user_lost, requests_total=sum(h.requests.values()),
                 open_requests=len(self.requests.joiner.open) if self.requests else 0))
 
     def status_line(self) -> str:
         h, s = self.health, self.telemetry.stats.snapshot() if self.telemetry else {}
-        c = self.plan.counts() if self.plan else {}
-        return (f"probes {c.get('attached', 0)}/{len(self.plan.statuses) if self.plan else 0} | "
+        return (f"probes {self.plan.live() if self.plan else 0}/{len(self.plan.statuses) if self.plan else 0} | "
                 f"requests {sum(h.requests.values())} open {len(self.requests.joiner.open) if self.requests else 0} | "
                 f"spans exported {s.get('spans_exported', 0)} dropped "
                 f"{s.get('spans_dropped_queue', 0) + s.get('spans_failed', 0)} | "

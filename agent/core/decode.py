@@ -3,7 +3,7 @@
 Every record starts with struct mcp_hdr (bpf/mcp_records.h). Each capability registers, per record
 type it owns, the struct that mirrors it and a function building its record (Route). A record that is
 too short, has a type nobody registered, or whose header size disagrees with its struct raises
-DecodeError; the agent counts it (mcp.agent.records.rejected) and skips it.
+DecodeError; the agent counts it (hostagent.agent.records.rejected) and skips it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The agent's own state: probes, losses, refusals, survived failures; exported as mcp.agent.* metrics
+"""The agent's own state: probes, losses, refusals, survived failures; exported as hostagent.agent.* metrics
 and summarised in the status line."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from .records import ACTIVITY_STATS
 
 @dataclass
 class AgentHealth:
-    probes: dict[str, str] = field(default_factory=dict)  # probe -> attached|missing|disabled
+    probes: dict[str, str] = field(default_factory=dict)  # probe -> state (core/probes.py), source -> attached|missing
     compile_s: float = 0.0
     kernel_stats: dict[str, int] = field(default_factory=dict)  # enum mcp_stat label -> total
     rejected: Counter = field(default_factory=Counter)  # user-space reasons
@@ -36,22 +36,24 @@ class AgentHealth:
         carries the final counts: dicts the agent's thread grows are copied (dict() under the GIL)
         before they are iterated. stats: the exporters' ExportStats."""
         return [
-            Instrument("mcp.agent.probes", "gauge", description="1 per probe, by state (attached, missing, disabled)",
-                       read=lambda: [(1, {"mcp.probe": n, "mcp.probe.state": s}) for n, s in dict(self.probes).items()]),
-            Instrument("mcp.agent.bpf.compile_s", "gauge", "s", "BPF compile time at start-up",
+            Instrument("hostagent.agent.probes", "gauge",
+                       description="1 per probe, by state (attached, missing, disabled; "
+                                   "libcuda uprobes: armed, duty-cycled, paused, waiting)",
+                       read=lambda: [(1, {"hostagent.probe": n, "hostagent.probe.state": s}) for n, s in dict(self.probes).items()]),
+            Instrument("hostagent.agent.bpf.compile.duration", "gauge", "s", "BPF compile time at start-up",
                        read=lambda: [(self.compile_s, {})]),
-            Instrument("mcp.agent.events.lost", "counter",
+            Instrument("hostagent.agent.events.lost", "counter", "{record}",
                        description="records lost: ring buffer full (kernel) or failed to handle (user)",
-                       read=lambda: [(self.kernel_lost(), {"mcp.where": "kernel"}),
-                                     (self.user_lost, {"mcp.where": "user"})]),
-            Instrument("mcp.agent.records.rejected", "counter", description="markers and records rejected, by reason",
-                       read=lambda: [(v, {"mcp.reason": k}) for k, v in self.all_rejected().items()]),
-            Instrument("mcp.agent.errors", "counter",
+                       read=lambda: [(self.kernel_lost(), {"hostagent.where": "kernel"}),
+                                     (self.user_lost, {"hostagent.where": "user"})]),
+            Instrument("hostagent.agent.records.rejected", "counter", "{record}", description="markers and records rejected, by reason",
+                       read=lambda: [(v, {"hostagent.reason": k}) for k, v in self.all_rejected().items()]),
+            Instrument("hostagent.agent.errors", "counter", "{error}",
                        description="failures the agent caught and survived, by where (a tick step, a map write)",
-                       read=lambda: [(v, {"mcp.where": k}) for k, v in sorted(dict(self.errors).items())]),
-            Instrument("mcp.agent.spans.exported", "counter", description="spans the exporters accepted",
+                       read=lambda: [(v, {"hostagent.where": k}) for k, v in sorted(dict(self.errors).items())]),
+            Instrument("hostagent.agent.spans.exported", "counter", "{span}", description="spans the exporters accepted",
                        read=lambda: [(stats.snapshot().get("spans_exported", 0), {})]),
-            Instrument("mcp.agent.spans.dropped", "counter", description="spans not delivered",
-                       read=lambda: [(stats.snapshot().get("spans_dropped_queue", 0), {"mcp.reason": "queue_full"}),
-                                     (stats.snapshot().get("spans_failed", 0), {"mcp.reason": "export_failed"})]),
+            Instrument("hostagent.agent.spans.dropped", "counter", "{span}", description="spans not delivered",
+                       read=lambda: [(stats.snapshot().get("spans_dropped_queue", 0), {"hostagent.reason": "queue_full"}),
+                                     (stats.snapshot().get("spans_failed", 0), {"hostagent.reason": "export_failed"})]),
         ]

@@ -374,7 +374,7 @@ class ProcessRegistry:
 
     @staticmethod
     def attributes(info: ProcessInfo) -> dict[str, str | int]:
-        """OpenTelemetry semantic-convention attributes (plus mcp.cgroup.path); unknowns are left out."""
+        """OpenTelemetry semantic-convention attributes (plus hostagent.cgroup.path); unknowns are left out."""
         attrs = {
             "process.pid": info.pid,
             "process.executable.name": info.exe_name,
@@ -384,6 +384,6 @@ class ProcessRegistry:
             "container.id": info.container_id,
             "k8s.pod.uid": info.pod_uid,
             "container.runtime": info.container_runtime if info.container_runtime != "unknown" else None,
-            "mcp.cgroup.path": info.cgroup_path,
+            "hostagent.cgroup.path": info.cgroup_path,
         }
         return {k: v for k, v in attrs.items() if v is not None and v != ""}

@@ -5,6 +5,18 @@ tracefs (bcc cannot compile a TRACEPOINT_PROBE whose format file is absent; a "t
 compiles anywhere but has nothing to attach to, and says why from gpuhealth.tracepoints.MISSING_WHY); a probe that is
 disabled, absent or fails to attach is reported with a reason and a hint, and the rest run
 (`--strict` makes any miss fatal). Adding a probe is one row here and one #if block in its .c file.
+
+States (`mcp-agent probes`, `run`'s start-up summary, the status line and the agent's probe-state gauge):
+  attached      a tracepoint program attached
+  missing       not attached, with the reason (and a hint)
+  disabled      probes.disable names it
+The libcuda uprobe families (kind "uprobe": cuda_launch ... cuda_free) are attached per library inode
+as processes map libcuda.so (agent/cuda), so they have states of their own; none of them reads attached:
+  armed         uprobes attached in N libcuda files (they fire in every process mapping those files)
+  duty-cycled   cuda_launch armed, but the governor attaches it one slice in N (counts scaled)
+  paused        cuda_launch armed, but its uprobes detached for now (CudaProbes.pause)
+  waiting       compiled, no libcuda.so mapped now: armed when a process maps one
+  found         `mcp-agent probes` only: symbols found in N libcuda files; that command attaches no uprobe
 """
 
 from __future__ import annotations
@@ -15,6 +27,9 @@ from ..gpuhealth.tracepoints import MISSING_WHY
 from .kernel import tracepoint_exists
 
 ATTACHED, MISSING, DISABLED = "attached", "missing", "disabled"
+ARMED, DUTY_CYCLED, PAUSED, WAITING, FOUND = "armed", "duty-cycled", "paused", "waiting", "found"
+UPROBE_STATES = (ARMED, DUTY_CYCLED, PAUSED, WAITING, FOUND)  # the libcuda uprobe families' (agent/cuda)
+LIVE = (ATTACHED, ARMED, DUTY_CYCLED)  # programs attached now (the status line's "probes N/M")
 
 
 @dataclass(frozen=True)
@@ -130,8 +145,9 @@ class ProbePlan:
     statuses: dict[str, ProbeStatus] = field(default_factory=dict)
 
     def enabled(self, program: str | None = None) -> list[ProbeSpec]:
+        """Those compiled (before the load: to be compiled): neither missing nor disabled."""
         return [s.spec for s in self.statuses.values()
-                if s.state == ATTACHED and (program is None or s.spec.program == program)]
+                if s.state not in (MISSING, DISABLED) and (program is None or s.spec.program == program)]
 
     def mark(self, name: str, state: str, reason: str = "", hint: str = "") -> None:
         st = self.statuses[name]
@@ -141,10 +157,21 @@ class ProbePlan:
         return [s for s in self.statuses.values() if s.state == MISSING]
 
     def counts(self) -> dict[str, int]:
-        out = {ATTACHED: 0, MISSING: 0, DISABLED: 0}
+        out = dict.fromkeys((ATTACHED, MISSING, DISABLED, *UPROBE_STATES), 0)
         for s in self.statuses.values():
-            out[s.state] += 1
+            out[s.state] = out.get(s.state, 0) + 1
         return out
+
+    def live(self) -> int:
+        """Probes whose programs are attached now: attached tracepoints, armed (or duty-cycled) uprobes."""
+        return sum(1 for s in self.statuses.values() if s.state in LIVE)
+
+    def summary(self) -> str:
+        """`run`'s start-up line: "N attached, N missing, N disabled" and the uprobe families' states."""
+        c = self.counts()
+        up = [f"{c[k]} {k}" for k in UPROBE_STATES if c[k]]
+        return (f"{c[ATTACHED]} attached, {c[MISSING]} missing, {c[DISABLED]} disabled"
+                + (f"; libcuda uprobes {', '.join(up)}" if up else ""))
 
 
 def plan(disabled: list[str] | tuple[str, ...] = (), exists=tracepoint_exists) -> ProbePlan:

@@ -2,7 +2,7 @@
 
 proc_stats holds one struct mcp_counters per watched tgid, summed by every capability's probes
 (faults and switches by requests.bpf.c, reclaim by reclaim.bpf.c, CUDA by cuda.bpf.c); it is read
-once a tick into rows, which the mcp.process.* metrics and the top snapshot read.
+once a tick into rows, which the hostagent.process.* metrics and the top snapshot read.
 """
 
 from __future__ import annotations
@@ -116,37 +116,50 @@ class Processes:
         def read():
             with self._lock:
                 rows = list(self.rows.values())
-            return [(v, {**a, **extra}) for a, c in rows for v, extra in pick(c)]
+            return [(v, {**metric_identity(a), **extra}) for a, c in rows for v, extra in pick(c)]
         return read
 
     def _faults_rows(self):
         with self._lock:
             rows = [(self.rows[p][0], f) for p, f in self._faults.items() if p in self.rows]
-        return [(v, {**a, "mcp.fault.type": t}) for a, (mn, mj) in rows for v, t in ((mn, "minor"), (mj, "major"))]
+        return [(v, {**metric_identity(a), "process.paging.fault_type": t})
+                for a, (mn, mj) in rows for v, t in ((mn, "minor"), (mj, "major"))]
 
     def instruments(self) -> list[Instrument]:
         p = self._per_process
         return [
-            Instrument("mcp.process.page_faults", "counter", "{fault}", "user page faults (exceptions:page_fault_user)",
-                       p(lambda c: [(c.faults, {})])),
-            Instrument("mcp.process.context_switches", "counter", "{switch}", "context switches (sched:sched_switch)",
-                       p(lambda c: [(c.vcsw, {"mcp.switch.type": "voluntary"}),
-                                    (c.ivcsw, {"mcp.switch.type": "involuntary"})])),
-            Instrument("mcp.process.offcpu_ns", "counter", "ns", "time the process's threads spent switched out",
-                       p(lambda c: [(c.offcpu_ns, {})])),
-            Instrument("mcp.process.faults", "counter", "{fault}",
+            Instrument("hostagent.process.user_faults", "counter", "{fault}",
+                       "user page faults (exceptions:page_fault_user)", p(lambda c: [(c.faults, {})])),
+            Instrument("process.context_switches", "counter", "{context_switch}", "context switches (sched:sched_switch)",
+                       p(lambda c: [(c.vcsw, {"process.context_switch.type": "voluntary"}),
+                                    (c.ivcsw, {"process.context_switch.type": "involuntary"})])),
+            Instrument("hostagent.process.offcpu.time", "counter", "s",
+                       "time the process's threads spent switched out (sleeping or waiting for a CPU)",
+                       p(lambda c: [(c.offcpu_ns / 1e9, {})])),
+            Instrument("process.paging.faults", "counter", "{fault}",
                        "faults by type since the process started (/proc/PID/stat)", self._faults_rows),
-            Instrument("mcp.process.reclaim_stall_ns", "counter", "ns", "time the process's threads stalled in reclaim",
-                       p(lambda c: [(c.direct_reclaim_ns, {"mcp.reclaim.kind": "direct"}),
-                                    (c.memcg_reclaim_ns, {"mcp.reclaim.kind": "memcg"})])),
-            Instrument("mcp.process.reclaims", "counter", "{stall}", "reclaim stalls of the process's threads",
-                       p(lambda c: [(c.direct_reclaims, {"mcp.reclaim.kind": "direct"}),
-                                    (c.memcg_reclaims, {"mcp.reclaim.kind": "memcg"})])),
-            Instrument("mcp.process.cuda_launches", "counter", "",
+            Instrument("hostagent.process.reclaim.stall.time", "counter", "s",
+                       "time the process's threads stalled in reclaim",
+                       p(lambda c: [(c.direct_reclaim_ns / 1e9, {"hostagent.reclaim.kind": "direct"}),
+                                    (c.memcg_reclaim_ns / 1e9, {"hostagent.reclaim.kind": "memcg"})])),
+            Instrument("hostagent.process.reclaim.stalls", "counter", "{stall}", "reclaim stalls of the process's threads",
+                       p(lambda c: [(c.direct_reclaims, {"hostagent.reclaim.kind": "direct"}),
+                                    (c.memcg_reclaims, {"hostagent.reclaim.kind": "memcg"})])),
+            Instrument("hostagent.process.cuda.launches", "counter", "{launch}",
                        "kernel launches seen by the libcuda uprobes (scaled when duty-cycled)",
                        p(lambda c: [(c.cu_launch + c.cu_launch_ptsz + c.cu_launch_ex + c.cu_launch_ex_ptsz, {})])),
-            Instrument("mcp.process.cuda_sync_ns", "counter", "ns",
-                       "time in cuStreamSynchronize/cuCtxSynchronize/cuEventSynchronize", p(lambda c: [(c.cu_sync_ns, {})])),
-            Instrument("mcp.process.cuda_ctx_ns", "counter", "ns", "time in cuCtxPush/Pop/SetCurrent",
-                       p(lambda c: [(c.cu_ctx_ns, {})])),
+            Instrument("hostagent.process.cuda.sync.time", "counter", "s",
+                       "time in cuStreamSynchronize/cuCtxSynchronize/cuEventSynchronize",
+                       p(lambda c: [(c.cu_sync_ns / 1e9, {})])),
+            Instrument("hostagent.process.cuda.ctx.time", "counter", "s", "time in cuCtxPush/Pop/SetCurrent",
+                       p(lambda c: [(c.cu_ctx_ns / 1e9, {})])),
         ]
+
+
+# Metric labels name the process, boundedly: the command line, owner, start time and cgroup path
+# stay on the span resource (one Prometheus series per distinct command line would be unbounded).
+METRIC_IDENTITY = ("process.pid", "process.executable.name", "container.id", "k8s.pod.uid")
+
+
+def metric_identity(attrs: dict) -> dict:
+    return {k: attrs[k] for k in METRIC_IDENTITY if k in attrs}

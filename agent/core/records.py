@@ -64,6 +64,7 @@ class Counters(ctypes.Structure):
         "cu_launch", "cu_launch_ptsz", "cu_launch_ex", "cu_launch_ex_ptsz", "cu_graph_launch",
         "cu_ctx_ops", "cu_ctx_ns", "cu_syncs", "cu_sync_ns", "cu_allocs", "cu_alloc_ns", "cu_frees",
         "cu_free_ns", "nv_ioctls", "nv_ioctl_ns", "sampled",
+        "offcpu_runnable_ns",
     )]
 
 
@@ -86,7 +87,7 @@ class Budget(ctypes.Structure):
 
 
 class Offcpu(ctypes.Structure):
-    _fields_ = [("ts_ns", u64), ("tgid", u32), ("pad", u32)]
+    _fields_ = [("ts_ns", u64), ("tgid", u32), ("runnable", u32)]
 
 
 class Hdr(ctypes.Structure):
@@ -167,7 +168,7 @@ KERNEL_STATS = {
     for name, value in C.items()
     if name.startswith("MCP_STAT_") and name != "MCP_STAT_MAX"
 }
-# Stats that count activity, not a record lost or refused: kept out of mcp.agent.records.rejected.
+# Stats that count activity, not a record lost or refused: kept out of hostagent.agent.records.rejected.
 ACTIVITY_STATS = frozenset({"rb_lost", "rb_req_lost", "cu_launch_hits", "cu_auto_watch"})
 
 

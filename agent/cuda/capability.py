@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from dataclasses import replace
 import threading
 from concurrent.futures import ThreadPoolExecutor
 import time
@@ -48,7 +49,8 @@ import time
 from ..core import procscan
 from ..core import records as R
 from ..core.capability import Evidence
-from ..core.probes import ATTACHED, MISSING, ProbePlan
+from ..core.probes import ATTACHED, DISABLED, DUTY_CYCLED, MISSING, WAITING, ProbePlan
+from . import coverage
 from . import governor as gov
 from . import ioctl, libtrust, steps, uprobes
 from . import telemetry as cuda_telemetry
@@ -56,7 +58,8 @@ from .calibrate import Calibration, calibrate, calibrate_standin
 from .finder import (CAP_REASON, MAX_REFUSED_KEPT, RESCAN_BUDGET_S, RESCAN_PASS_S, Library, Mapping,
                      close_library, libcuda_mappings, pin, resolve)
 from .ioctl import TRACEFS, syscall_layout_ok
-from .symbols import DUTY_PROBE, LAUNCH_CFG, LAUNCH_FIELDS, SYMBOLS, UPROBE_ROWS, SymState
+from .symbols import (DUTY_PROBE, LAUNCH_CFG, LAUNCH_FIELDS, SYMBOLS, UPROBE_ROWS, WAITING_DETAIL, SymState,
+                      family_status)
 
 MAX_REFUSED_ROWS = 32  # refused files in `mcp-agent probes` and symbol_rows(): the latest
 
@@ -88,9 +91,9 @@ class CudaProbes:
         self.libs: dict[tuple, Library] = {}
         self.max_libraries = max_libraries
         self.refused: dict[tuple, tuple[str, str]] = {}  # (major, minor, inode) -> (path shown, why)
-        self.refused_total = 0  # distinct files refused since start (mcp.agent.records.rejected)
+        self.refused_total = 0  # distinct files refused since start (hostagent.agent.records.rejected)
         self.enabled = {n for n in UPROBE_ROWS + ("nvidia_ioctl", "cuda_thread_exit", "cuda_exec")
-                        if n in plan.statuses and plan.statuses[n].state == ATTACHED}
+                        if n in plan.statuses and plan.statuses[n].state not in (MISSING, DISABLED)}
         self.weights = {f: 1 for f in LAUNCH_FIELDS}
         self.paused = False
         self.calibration: Calibration | None = None
@@ -104,6 +107,7 @@ class CudaProbes:
         self._lock = threading.RLock()  # libraries, fds (the finder's)
         self._duty_lock = threading.RLock()  # launch probes' attach state (the duty cycler's)
         self._targets: list[tuple[Library, SymState]] = []  # launch probes, replaced whole on change
+        self.on_log = coverage.OnLog()  # when each launch probe was on (request coverage)
         self._dead: set[tuple] = set()
         self._stop = threading.Event()
         self._wake = threading.Event()  # the duty cycler's turns changed (weights, pause, new probes)
@@ -133,7 +137,7 @@ class CudaProbes:
         self.set_tracepoints(True)
         for name in UPROBE_ROWS:
             if name in self.enabled:
-                self.plan.mark(name, ATTACHED, "armed: attached per libcuda.so inode as processes map it; none yet")
+                self.plan.mark(name, WAITING, WAITING_DETAIL)  # armed as libraries are found (_update_rows)
         if self.governor and DUTY_PROBE in self.enabled and calibrate_target is not None:
             self.calibration = calibrate(self.bpf, target=calibrate_target)
         self.service()
@@ -266,7 +270,7 @@ class CudaProbes:
 
     def _attach(self, lib_: Library, st: SymState) -> None:
         """Attach st's entry (and return) program at its address; both or neither."""
-        hs = []
+        hs, t_call = [], time.monotonic()
         try:
             hs.append(self._up.attach(st.sym.entry, lib_.path, st.addr))
             if st.sym.ret:
@@ -277,14 +281,21 @@ class CudaProbes:
             raise
         st.events = hs
         st.on_since = time.monotonic()  # counting starts when the program is set on the probe
+        if st.sym.probe == DUTY_PROBE:
+            self.on_log.on(id(st), t_call, st.on_since)
 
     def _detach(self, st: SymState) -> None:
-        if st.on_since is not None:
-            st.attached_s += time.monotonic() - st.on_since
+        on = st.on_since is not None
+        if on:
+            off = time.monotonic()
+            st.attached_s += off - st.on_since
             st.on_since = None
+            self.on_log.closing(id(st), off)
         for h in st.events:
             self._up.detach(h)
         st.events = []
+        if on:
+            self.on_log.off(id(st), time.monotonic())  # hits may count until the release returns
 
     def _detach_all(self, sts: list[SymState]) -> None:
         """Detach in parallel: each release waits for the kernel (a perf-event uprobe its own RCU-tasks
@@ -349,6 +360,8 @@ class CudaProbes:
         self._update_rows()
         with self._duty_lock:
             self._detach_all(list(lib_.syms.values()))
+        for st in lib_.syms.values():
+            self.on_log.forget(id(st))
         close_library(lib_)
 
     def _refuse(self, key: tuple, shown: str, why: str) -> None:
@@ -417,26 +430,24 @@ class CudaProbes:
         return lib_
 
     def _update_rows(self) -> None:
-        """Probe table rows: attached while any library has one of its symbols, with the misses named.
-        Also the duty cycler's list of launch probes."""
+        """Probe table rows (symbols.family_status): armed while a library has one of its symbols
+        attached, waiting while none is followed, the misses named. Also the duty cycler's list of
+        launch probes."""
         self._targets = [(lib_, st) for lib_ in self.libs.values() for st in lib_.syms.values()
                          if st.sym.probe == DUTY_PROBE and st.addr is not None and st.state != "alias"]
         self._wake.set()
         for row in UPROBE_ROWS:
             if row not in self.enabled:
                 continue
-            sts = [st for lib_ in self.libs.values() for st in lib_.syms.values() if st.sym.probe == row]
-            if not sts:
-                continue
-            ok = [s for s in sts if s.state in ("attached", "alias", "found")]
-            misses = sorted({s.reason for s in sts if s.state == "missing"})
-            detail = f"{len(self.libs)} libcuda file(s)" + (f"; {'; '.join(misses)}" if misses else "")
+            libs = [[st for st in lib_.syms.values() if st.sym.probe == row] for lib_ in list(self.libs.values())]
+            state, detail = family_status(row, libs, self.attach_uprobes, self.weight if self.governor else 1,
+                                          self.paused)
+            if state == DUTY_CYCLED:
+                detail += f" (budget {self.budget:.1%})"
             if self.refused_total:
                 detail += f"; {self.refused_total} refused (not root's, or cuda.max_libraries)"
-            if row == DUTY_PROBE and self.weight > 1:
-                detail += f"; duty cycle 1/{self.weight} (budget {self.budget:.1%})"
-            self.plan.mark(row, ATTACHED if ok else MISSING, detail,
-                           "" if ok else "this driver lacks these symbols (symbol_rows() lists them)")
+            self.plan.mark(row, state, detail,
+                           "this driver lacks these symbols (symbol_rows() lists them)" if state == MISSING else "")
 
     def _calibrate(self, lib_: Library) -> None:
         """The per-hit cost on this host, measured on the agent's stand-in for the first library's
@@ -589,6 +600,21 @@ class CudaProbes:
                 st.state, st.reason = "missing", f"attach uprobe {st.sym.name} in {lib_.shown}: {e}"
             return False
 
+    def launch_coverage(self, pid: int, t0_ns: int, t1_ns: int) -> dict[str, tuple[float, float]]:
+        """Launch field -> (surely, maybe) share of [t0, t1] its probe was on in the libcuda that pid
+        maps (the least, if it maps several; coverage.OnLog). Empty when pid maps none followed."""
+        t0, t1, now = t0_ns / 1e9, t1_ns / 1e9, time.monotonic()
+        if t1 <= t0:  # an instant: on or off at it
+            t0, t1 = t0 - 1e-6, t0 + 1e-6
+        out: dict[str, tuple[float, float]] = {}
+        for lib_, st in list(self._targets):
+            if pid not in lib_.pids:
+                continue
+            sure, maybe = self.on_log.covered(id(st), t0, t1, now)
+            f, old = st.sym.entry, out.get(st.sym.entry, (1.0, 1.0))
+            out[f] = (min(old[0], sure / (t1 - t0)), min(old[1], maybe / (t1 - t0)))
+        return out
+
     def pause(self, paused: bool = True) -> None:
         """Detach the launch probes and stop toggling (benchmarks: the 'no agent' condition); pause(False)
         resumes with the weights and credits as they were."""
@@ -603,6 +629,8 @@ class CudaProbes:
                 self._ctl_prev = None  # the next control window starts now
                 self._duty(now)  # exact ones attached before this returns
             self._wake.set()
+        with self._lock:
+            self._update_rows()  # cuda_launch: paused, or armed again
 
     # ---- reporting ----
     def governor_status(self) -> dict:
@@ -639,25 +667,26 @@ class CudaProbes:
             return dict(self.libs)
 
     def ioctl_rows(self) -> list[dict]:
-        """Per process, device file and request code: count and ns (metric mcp.nvidia.ioctl.*)."""
+        """Per process, device file and request code: count and ns (metric hostagent.nvidia.ioctl.*)."""
         return ioctl.ioctl_rows(self.bpf[b"nv_cmd"], self._dev_ids)
 
     def hist_rows(self) -> list[dict]:
-        """Per process and kind (ctx, sync, ioctl, alloc, free): log2 buckets, le_ns = 2^(slot+1) - 1."""
+        """Per process and kind (ctx, sync, ioctl, alloc, free): log2 buckets (ioctl.hist_rows)."""
         return ioctl.hist_rows(self.bpf[b"cu_hist"])
 
 
 def probe_report(bpf, plan: ProbePlan, proc_root: str = "/proc") -> str:
     """For `mcp-agent probes`: every libcuda mapped now and its symbols, found, not attached (attaching
-    and detaching ~40 uprobes would take seconds); the plan's CUDA rows are updated in place."""
+    and detaching ~40 uprobes would take seconds); the plan's CUDA rows are updated in place: found
+    (symbols resolved in a mapped libcuda), waiting (none mapped now) or missing, never armed."""
     cp = CudaProbes(bpf, plan, governor=False, attach_uprobes=False, proc_root=proc_root)
     cp.start(thread=False)
     cp.rescan(full=True)
+    rows = cp._symbol_rows()  # this round's (symbol_rows() is the last service pass's)
     cp.stop()
-    rows = cp.symbol_rows()
     how = f"mechanism: {cp._up.mechanism}\n"
     return how + (render_symbols(rows) if rows else
-                  "no process maps libcuda.so now: uprobes are attached as processes map it")
+                  "no process maps libcuda.so now: `run` arms the uprobes as processes map it")
 
 
 def render_symbols(rows: list[dict]) -> str:
@@ -678,6 +707,7 @@ class Cuda:
         self.processes, self.health = processes, health
         self.telemetry = None  # attach_telemetry(), once the BPF programs loaded
         self.probes: CudaProbes | None = None
+        self.gate = steps.OutlierGate(0.05, 10.0)  # start() sets the configured ones
 
     def attach_telemetry(self, telemetry) -> None:
         self.telemetry = telemetry
@@ -685,6 +715,7 @@ class Cuda:
     def start(self, bpf, plan: ProbePlan, cfg, proc_root: str = "/proc") -> None:
         """Uprobes per libcuda inode, the NVIDIA ioctl programs and the launch-probe governor: only when
         cuda.bpf.c's programs attached."""
+        self.gate = steps.OutlierGate(cfg.cuda_step_span_min_ms / 1000, cfg.cuda_step_spans_per_s)
         if not any(s.spec.program == "cuda.bpf.c" and s.state == ATTACHED for s in plan.statuses.values()):
             return
         self.probes = CudaProbes(bpf, plan, budget=cfg.cuda_overhead_budget, auto_watch=cfg.process_watch == "gpu",
@@ -705,17 +736,39 @@ class Cuda:
         return cuda_telemetry.INSTRUMENTS
 
     def on_step(self, step: steps.GpuStep) -> None:
-        self.telemetry.span(cuda_telemetry.step_span(step, self.processes.attrs(step.hdr.tgid, step.hdr.comm)))
+        """Every step into the histograms; a span only for an outlier (steps.OutlierGate)."""
+        proc_attrs = self.processes.attrs(step.hdr.tgid, step.hdr.comm)
+        dur_s = max(step.hdr.ts_ns - step.begin_ns, 0) / 1e9
+        labels = cuda_telemetry.step_attributes(proc_attrs)
+        self.telemetry.record("hostagent.gpu_step.duration", dur_s, labels)
+        self.telemetry.record("hostagent.gpu_step.launches", step.launches, labels)
+        if not self.gate.admit(step.hdr.tgid, dur_s, time.monotonic()):
+            return
+        spec = cuda_telemetry.step_span(step, proc_attrs)
+        if self.probes is not None:
+            cov = cuda_telemetry.coverage_attributes(
+                step.counters, self.probes.launch_coverage(step.hdr.tgid, spec.start_ns, spec.end_ns))
+            if cov:
+                spec = replace(spec, attributes={**spec.attributes, **cov})
+        self.telemetry.span(spec)
 
-    @staticmethod
-    def evidence(fr) -> Evidence:
+    def evidence(self, fr) -> Evidence:
         found = steps.findings(fr.counters, fr.end_ns - fr.begin_ns)
-        return Evidence({f"mcp.finding.{k}": v for k, v in found.items()})
+        attrs = {f"hostagent.finding.{k}": v for k, v in found.items()}
+        if self.probes is not None:
+            attrs.update(cuda_telemetry.coverage_attributes(
+                fr.counters, self.probes.launch_coverage(fr.tgid, fr.begin_ns, fr.end_ns)))
+        return Evidence(attrs)
 
     def publish(self) -> None:
         """After the map read: the governor's state, ioctl and latency rows; refusals and errors."""
         probes = self.probes
-        if probes is None or self.telemetry is None:
+        if probes is None:
+            return
+        for row in UPROBE_ROWS:  # armed / waiting / ... change as libraries come and go (probe-state gauge)
+            if row in probes.plan.statuses and row in self.health.probes:
+                self.health.probes[row] = probes.plan.statuses[row].state
+        if self.telemetry is None:
             return
         # distinct libcuda files not followed (agent/cuda/libtrust.py, cuda.max_libraries)
         self.health.rejected["libcuda_refused"] = probes.refused_total

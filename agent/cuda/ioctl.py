@@ -65,7 +65,7 @@ def sync_fd_table(table, pid: int, have: dict[int, int], want: dict[int, int]) -
 
 # ---- rows from the maps (metrics, `mcp-agent probes`) ----
 def ioctl_rows(nv_cmd, dev_ids: dict[str, int]) -> list[dict]:
-    """Per process, device file and request code: count and ns (metric mcp.nvidia.ioctl.*), from map
+    """Per process, device file and request code: count and ns (metric hostagent.nvidia.ioctl.*), from map
     nv_cmd; dev_ids: device path -> id as scan_fds numbered them."""
     names = {v: k for k, v in dev_ids.items()}
     return [{"pid": k.tgid, "device": names.get(k.dev, f"dev{k.dev}"), "cmd": f"0x{k.cmd:08x}",
@@ -74,7 +74,7 @@ def ioctl_rows(nv_cmd, dev_ids: dict[str, int]) -> list[dict]:
 
 
 def hist_rows(cu_hist) -> list[dict]:
-    """Per process and kind (ctx, sync, ioctl, alloc, free): log2 buckets, le_ns = 2^(slot+1) - 1, from
-    map cu_hist."""
-    return [{"pid": k.tgid, "kind": R.HIST_KINDS.get(k.kind, str(k.kind)), "le_ns": (2 << k.slot) - 1,
-             "count": v.value} for k, v in cu_hist.items()]
+    """Per process and kind (ctx, sync, ioctl, alloc, free): log2 buckets from map cu_hist. Slot s
+    holds [2^(s-1), 2^s - 1] ns (bcc's bpf_log2l is floor(log2) + 1), so le_ns = 2^s - 1."""
+    return [{"pid": k.tgid, "kind": R.HIST_KINDS.get(k.kind, str(k.kind)), "slot": k.slot,
+             "le_ns": (1 << k.slot) - 1, "count": v.value} for k, v in cu_hist.items()]

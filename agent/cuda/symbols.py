@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..core import probes as P
 from ..core import records as R
 from . import uprobes
 
@@ -67,3 +68,31 @@ class SymState:
     attached_s: float = 0.0  # cumulative, for reporting
     credit: float = 0.0  # duty cycle: on-time owed (s)
     last_t: float = 0.0
+
+
+WAITING_DETAIL = "no libcuda.so mapped now: armed per library inode as processes map it"
+
+
+def family_status(row: str, libs: list[list[SymState]], attaching: bool = True, weight: int = 1,
+                  paused: bool = False) -> tuple[str, str]:
+    """One uprobe family's (probe row's) state and detail (core/probes.py names the states), from its
+    symbols' states in each libcuda file followed (libs: per file, the row's SymStates). Armed only
+    where a symbol is attached (for cuda_launch: on the duty cycler's list); symbols resolved but not
+    attached (attaching False: `mcp-agent probes`) are found; no file at all is waiting."""
+    if not libs:
+        return P.WAITING, WAITING_DETAIL
+    misses = sorted({s.reason for sts in libs for s in sts if s.state == "missing"})
+    armed = sum(1 for sts in libs if any(s.state == "attached" for s in sts))
+    found = sum(1 for sts in libs if any(s.state in ("attached", "found") for s in sts))
+    tail = f"; {'; '.join(misses)}" if misses else ""
+    if armed:
+        detail = f"armed in {armed} of {len(libs)} libcuda file(s)" + tail
+        if row == DUTY_PROBE and paused:
+            return P.PAUSED, detail + "; launch probes detached for now (paused)"
+        if row == DUTY_PROBE and weight > 1:
+            return P.DUTY_CYCLED, detail + f"; attached one slice in {weight}, counts scaled"
+        return P.ARMED, detail
+    if found and not attaching:
+        return P.FOUND, (f"symbols found in {found} of {len(libs)} libcuda file(s); not attached by "
+                         f"`mcp-agent probes` (`run` arms them)" + tail)
+    return P.MISSING, f"{len(libs)} libcuda file(s), none armed" + tail

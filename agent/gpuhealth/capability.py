@@ -111,21 +111,21 @@ class GpuHealth:
 
     def request_attributes(self, pid: int, t0_ns: int, t1_ns: int) -> dict:
         """GPU samples overlapping the request, for each GPU the process uses (first one flat,
-        others as mcp.gpu.<index>.*)."""
+        others as hostagent.gpu.<index>.*)."""
         attrs: dict = {}
         for n, gpu in enumerate(sorted(self.gpus_of(pid))):
             agg = self.sampler.aggregate(gpu, t0_ns, t1_ns, pid=pid)
             if agg is not None:
-                attrs.update(agg.attributes("mcp.gpu" if n == 0 else f"mcp.gpu.{gpu}"))
+                attrs.update(agg.attributes("hostagent.gpu" if n == 0 else f"hostagent.gpu.{gpu}"))
         return attrs
 
     def events_between(self, pid: int, t0_ns: int, t1_ns: int) -> list[tuple[str, int, dict]]:
         """(name, t_ns, attributes) of Xid events in the window on the process's GPUs (or naming it)."""
         bdfs = set(self.gpus_of(pid).values())
         # NVML's Xid events carry no message: the attribute is left off (OTel drops None with a warning)
-        return [("mcp.gpu.xid", x.t_ns, {"mcp.gpu.xid": x.xid, "mcp.gpu.pci_bus_id": x.pci_bus_id or "",
-                                         "mcp.gpu.xid.source": x.source,
-                                         **({"mcp.gpu.xid.message": x.msg} if x.msg is not None else {})})
+        return [("hostagent.gpu.xid", x.t_ns, {"hostagent.gpu.xid.code": x.xid, "hostagent.gpu.pci_bus_id": x.pci_bus_id or "",
+                                         "hostagent.gpu.xid.source": x.source,
+                                         **({"hostagent.gpu.xid.message": x.msg} if x.msg is not None else {})})
                 for x in self.xids if t0_ns <= x.t_ns <= t1_ns
                 and (normalize_bdf(x.pci_bus_id) in bdfs or (x.pid is not None and x.pid == pid))]
 

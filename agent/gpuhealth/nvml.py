@@ -248,19 +248,23 @@ class GpuAggregate:
     process_mem_max_bytes: int | None = None  # for the pid asked about
     process_sm_util_mean_pct: float | None = None
 
-    def attributes(self, prefix: str = "mcp.gpu") -> dict[str, object]:
+    def attributes(self, prefix: str = "hostagent.gpu") -> dict[str, object]:
         """Span attributes; NA fields are left out."""
-        names = {
+        ratio = lambda pct: None if pct is None else round(pct / 100, 4)  # noqa: E731
+        hz = lambda mhz: None if mhz is None else mhz * 1_000_000  # noqa: E731
+        names = {  # base units, as the metrics: ratio, By, Hz, W, Cel
             "index": self.index, "uuid": self.uuid, "pci_bus_id": self.pci_bus_id, "samples": self.samples,
-            "util.mean_pct": self.util_gpu_mean_pct, "util.max_pct": self.util_gpu_max_pct,
-            "mem_util.mean_pct": self.util_mem_mean_pct, "mem_util.max_pct": self.util_mem_max_pct,
-            "memory.used_max_bytes": self.mem_used_max_bytes, "sm_clock.min_mhz": self.sm_clock_min_mhz,
-            "sm_clock.max_mhz": self.sm_clock_max_mhz, "mem_clock.min_mhz": self.mem_clock_min_mhz,
-            "throttle_reasons": list(self.throttle_reasons) or None, "power.max_mw": self.power_max_mw,
-            "temperature.max_c": self.temperature_max_c, "pcie.gen_min": self.pcie_gen_min,
+            "utilization.mean": ratio(self.util_gpu_mean_pct), "utilization.max": ratio(self.util_gpu_max_pct),
+            "memory.utilization.mean": ratio(self.util_mem_mean_pct),
+            "memory.utilization.max": ratio(self.util_mem_max_pct),
+            "memory.usage.max": self.mem_used_max_bytes, "sm_clock.min": hz(self.sm_clock_min_mhz),
+            "sm_clock.max": hz(self.sm_clock_max_mhz), "memory_clock.min": hz(self.mem_clock_min_mhz),
+            "throttle_reasons": list(self.throttle_reasons) or None,
+            "power.max": None if self.power_max_mw is None else self.power_max_mw / 1000,
+            "temperature.max": self.temperature_max_c, "pcie.gen_min": self.pcie_gen_min,
             "pcie.width_min": self.pcie_width_min, "pcie.replays": self.pcie_replays,
-            "process.memory.max_bytes": self.process_mem_max_bytes,
-            "process.sm_util.mean_pct": self.process_sm_util_mean_pct,
+            "process.memory.usage.max": self.process_mem_max_bytes,
+            "process.utilization.mean": ratio(self.process_sm_util_mean_pct),
         }
         return {f"{prefix}.{k}": v for k, v in names.items() if v is not None}
 

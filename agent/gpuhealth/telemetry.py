@@ -12,13 +12,24 @@ def evidence(gpu, fr) -> Evidence:
                     events=tuple(EventSpec(n, t, a) for n, t, a in gpu.events_between(fr.tgid, fr.begin_ns, fr.end_ns)))
 
 
+def _ratio(pct):
+    return None if pct is None else pct / 100
+
+
+def _scaled(v, k):
+    return None if v is None else v * k
+
+
 def instruments(gpu) -> list[Instrument]:
-    """Read at collection time from the sampler's published snapshot (its own threads call NVML)."""
+    """Read at collection time from the sampler's published snapshot (its own threads call NVML).
+    OpenTelemetry's hardware conventions (hw.*) where they name the quantity, in base units (ratio,
+    By, W, Cel, Hz); ours under hostagent.gpu.* for what they do not name."""
     def per_gpu(fn):
         def read():
             out = []
             for s in gpu.sampler.snapshot().values():
-                base = {"mcp.gpu.index": s.index, "mcp.gpu.uuid": s.uuid or "", "mcp.gpu.pci_bus_id": s.pci_bus_id or ""}
+                base = {"hw.id": s.uuid or f"gpu{s.index}", "hw.type": "gpu", "hw.vendor": "NVIDIA",
+                        "hostagent.gpu.index": s.index, "hostagent.gpu.pci_bus_id": s.pci_bus_id or ""}
                 for v, extra in fn(s):
                     if v is not None:
                         out.append((v, {**base, **extra}))
@@ -26,23 +37,31 @@ def instruments(gpu) -> list[Instrument]:
         return read
 
     return [
-        Instrument("mcp.gpu.up", "gauge", "", "1 when the GPU answers NVML, 0 when marked down",
-                   per_gpu(lambda s: [(int(s.up), {})])),
-        Instrument("mcp.gpu.utilization", "gauge", "%", read=per_gpu(lambda s: [
-            (s.util_gpu_pct, {"mcp.gpu.engine": "sm"}), (s.util_mem_pct, {"mcp.gpu.engine": "memory"})])),
-        Instrument("mcp.gpu.memory.used_bytes", "gauge", "By", read=per_gpu(lambda s: [(s.mem_used_bytes, {})])),
-        Instrument("mcp.gpu.clock_mhz", "gauge", "MHz", read=per_gpu(lambda s: [
-            (s.sm_clock_mhz, {"mcp.gpu.clock": "sm"}), (s.mem_clock_mhz, {"mcp.gpu.clock": "memory"})])),
-        Instrument("mcp.gpu.power_mw", "gauge", "mW", read=per_gpu(lambda s: [(s.power_mw, {})])),
-        Instrument("mcp.gpu.temperature_c", "gauge", "Cel", read=per_gpu(lambda s: [(s.temperature_c, {})])),
-        Instrument("mcp.gpu.throttle", "gauge", "", "1 per active clock throttle reason", per_gpu(lambda s: [
-            (1, {"mcp.gpu.throttle_reason": r}) for r in (s.throttle_reasons or ())])),
-        Instrument("mcp.gpu.pcie.link", "gauge", "", "NVML's view of the GPU's PCIe link", per_gpu(lambda s: [
-            (s.pcie_gen, {"mcp.pcie.field": "gen"}), (s.pcie_gen_max, {"mcp.pcie.field": "gen_max"}),
-            (s.pcie_width, {"mcp.pcie.field": "width"}), (s.pcie_width_max, {"mcp.pcie.field": "width_max"})])),
-        Instrument("mcp.gpu.pcie.replays", "counter", read=per_gpu(lambda s: [(s.pcie_replay_count, {})])),
-        Instrument("mcp.gpu.process.memory_bytes", "gauge", "By", read=per_gpu(lambda s: [
+        Instrument("hw.status", "gauge", "", "1 in the GPU's state: ok while it answers NVML, failed when marked down",
+                   per_gpu(lambda s: [(int(s.up), {"hw.state": "ok"}), (int(not s.up), {"hw.state": "failed"})])),
+        Instrument("hw.gpu.utilization", "gauge", "1", "share of time a kernel ran on the GPU (NVML)",
+                   per_gpu(lambda s: [(_ratio(s.util_gpu_pct), {})])),
+        Instrument("hw.gpu.memory.utilization", "gauge", "1", "share of time device memory was read or written (NVML)",
+                   per_gpu(lambda s: [(_ratio(s.util_mem_pct), {})])),
+        Instrument("hw.gpu.memory.usage", "gauge", "By", "device memory used (as nvidia-smi's memory.used)",
+                   per_gpu(lambda s: [(s.mem_used_bytes, {})])),
+        Instrument("hw.gpu.memory.limit", "gauge", "By", "device memory size",
+                   per_gpu(lambda s: [(s.mem_total_bytes, {})])),
+        Instrument("hostagent.gpu.clock.frequency", "gauge", "Hz", "SM and memory clocks", per_gpu(lambda s: [
+            (_scaled(s.sm_clock_mhz, 1_000_000), {"hostagent.gpu.clock": "sm"}),
+            (_scaled(s.mem_clock_mhz, 1_000_000), {"hostagent.gpu.clock": "memory"})])),
+        Instrument("hw.power", "gauge", "W", "GPU power draw", per_gpu(lambda s: [(_scaled(s.power_mw, 1e-3), {})])),
+        Instrument("hw.temperature", "gauge", "Cel", "GPU temperature", per_gpu(lambda s: [(s.temperature_c, {})])),
+        Instrument("hostagent.gpu.throttle", "gauge", "", "1 per active clock throttle reason", per_gpu(lambda s: [
+            (1, {"hostagent.gpu.throttle_reason": r}) for r in (s.throttle_reasons or ())])),
+        Instrument("hostagent.gpu.pcie.link", "gauge", "", "NVML's view of the GPU's PCIe link", per_gpu(lambda s: [
+            (s.pcie_gen, {"hostagent.pcie.field": "gen"}), (s.pcie_gen_max, {"hostagent.pcie.field": "gen_max"}),
+            (s.pcie_width, {"hostagent.pcie.field": "width"}), (s.pcie_width_max, {"hostagent.pcie.field": "width_max"})])),
+        Instrument("hostagent.gpu.pcie.replays", "counter", "{replay}", "PCIe replays the GPU counted (NVML)",
+                   per_gpu(lambda s: [(s.pcie_replay_count, {})])),
+        Instrument("hostagent.gpu.process.memory.usage", "gauge", "By", "device memory used by each process", per_gpu(lambda s: [
             (p.used_memory_bytes, {"process.pid": p.pid}) for p in (s.processes or ())])),
-        Instrument("mcp.gpu.xid", "counter", "", "Xid errors by code (the nvidia:nvidia_dev_xid BPF probe, else NVML events)",
-                   lambda: [(n, {"mcp.gpu.xid": code}) for code, n in dict(gpu.xid.counts).items()]),
+        Instrument("hostagent.gpu.xid.errors", "counter", "{error}",
+                   "Xid errors by code (the nvidia:nvidia_dev_xid BPF probe, else NVML events)",
+                   lambda: [(n, {"hostagent.gpu.xid.code": code}) for code, n in dict(gpu.xid.counts).items()]),
     ]

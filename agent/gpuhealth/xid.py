@@ -88,7 +88,7 @@ class XidWatcher:
         self.on_event = on_event
         self._clock = clock
         self._events: deque[XidEvent] = deque(maxlen=max_events)
-        self.counts: dict[int, int] = {}  # xid -> count, for mcp.gpu.xid metrics
+        self.counts: dict[int, int] = {}  # xid -> count, for hostagent.gpu.xid metrics
         self.state = "stopped"
         self.reason: str | None = None
         self.unregistered: dict[int, str] = {}  # gpu index -> why it gets no Xid events

@@ -41,7 +41,7 @@ class Nic:
 
     def evidence(self, fr) -> Evidence:
         """Every link event in the request's window: a flap anywhere on the host may be what it waited on."""
-        return Evidence(events=tuple(EventSpec("mcp.nic.link_event", e.t_ns, e.attributes())
+        return Evidence(events=tuple(EventSpec("hostagent.nic.link_event", e.t_ns, e.attributes())
                                      for e in self.nic_events if fr.begin_ns <= e.t_ns <= fr.end_ns))
 
     def instruments(self) -> list:

@@ -65,9 +65,9 @@ class LinkEvent:
     flaps_in_window: int  # carrier down->up cycles within flap_window_s, this one included
 
     def attributes(self) -> dict[str, object]:
-        attrs = {"network.interface.name": self.ifname, "mcp.nic.event": self.kind, "mcp.nic.carrier": self.carrier,
-                 "mcp.nic.operstate": self.operstate, "mcp.nic.speed_mbps": self.speed_mbps,
-                 "mcp.nic.prev_speed_mbps": self.prev_speed_mbps, "mcp.nic.flaps_in_window": self.flaps_in_window}
+        attrs = {"network.interface.name": self.ifname, "hostagent.nic.event": self.kind, "hostagent.nic.carrier": self.carrier,
+                 "hostagent.nic.operstate": self.operstate, "hostagent.nic.speed_mbps": self.speed_mbps,
+                 "hostagent.nic.prev_speed_mbps": self.prev_speed_mbps, "hostagent.nic.flaps_in_window": self.flaps_in_window}
         return {k: v for k, v in attrs.items() if v is not None}
 
 

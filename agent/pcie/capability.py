@@ -84,15 +84,15 @@ class Pcie:
         bdf = normalize_bdf(ev.dev)
         self.judge.note_aer_event(bdf, ev.severity, ev.errors)
         self.pcie_event_counts[("aer_event", bdf)] += 1
-        self.pcie_events.append(("mcp.pcie.aer_event", t_ns, bdf, {
-            "mcp.pcie.bdf": bdf, "mcp.pcie.aer.kind": ev.severity, "mcp.pcie.aer.errors": list(ev.errors)}))
+        self.pcie_events.append(("hostagent.pcie.aer_event", t_ns, bdf, {
+            "hostagent.pcie.bdf": bdf, "hostagent.pcie.aer.kind": ev.severity, "hostagent.pcie.aer.errors": list(ev.errors)}))
         return []
 
     def on_link_event(self, ev: LinkEventRecord, t_ns: int) -> list[LinkEpisode]:
         """A link change: an event, and the links polled at once (at most every REPOLL_MIN_NS)."""
         bdf = normalize_bdf(ev.port)
         self.pcie_event_counts[("pcie_link_event", bdf)] += 1
-        self.pcie_events.append(("mcp.pcie.link_event", t_ns, bdf, ev.attributes()))
+        self.pcie_events.append(("hostagent.pcie.link_event", t_ns, bdf, ev.attributes()))
         if self.poller._clock() - self._polled_ns >= REPOLL_MIN_NS:
             return self.poll_links()
         return []

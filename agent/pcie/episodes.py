@@ -59,14 +59,14 @@ class LinkEpisode:
 
     def attributes(self) -> dict[str, object]:
         attrs = {
-            "mcp.pcie.episode_id": self.episode_id, "mcp.pcie.gpu_bdf": self.gpu_bdf,
-            "mcp.pcie.link_bdf": self.link_bdf, "mcp.pcie.causes": list(self.causes),
-            "mcp.pcie.from_gen": self.from_gen, "mcp.pcie.from_width": self.from_width,
-            "mcp.pcie.to_gen": self.to_gen, "mcp.pcie.to_width": self.to_width,
-            "mcp.pcie.ref_gen": self.ref_gen, "mcp.pcie.ref_width": self.ref_width,
-            "mcp.pcie.aer_devices": list(self.aer_devices) or None,
+            "hostagent.pcie.episode_id": self.episode_id, "hostagent.pcie.gpu_bdf": self.gpu_bdf,
+            "hostagent.pcie.link_bdf": self.link_bdf, "hostagent.pcie.causes": list(self.causes),
+            "hostagent.pcie.from_gen": self.from_gen, "hostagent.pcie.from_width": self.from_width,
+            "hostagent.pcie.to_gen": self.to_gen, "hostagent.pcie.to_width": self.to_width,
+            "hostagent.pcie.ref_gen": self.ref_gen, "hostagent.pcie.ref_width": self.ref_width,
+            "hostagent.pcie.aer_devices": list(self.aer_devices) or None,
         }
-        attrs.update({f"mcp.pcie.aer.{k}": v for k, v in self.aer_delta})
+        attrs.update({f"hostagent.pcie.aer.{k}": v for k, v in self.aer_delta})
         return {k: v for k, v in attrs.items() if v is not None}
 
 

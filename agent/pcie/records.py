@@ -116,8 +116,8 @@ class LinkEventRecord:
     pid: int
 
     def attributes(self) -> dict[str, object]:
-        return {"mcp.pcie.port": self.port, "mcp.pcie.reason": self.reason, "mcp.pcie.to_gen": gen_of(self.speed_gts),
-                "mcp.pcie.to_width": self.width or None, "mcp.pcie.link_status": f"0x{self.link_status:x}"}
+        return {"hostagent.pcie.port": self.port, "hostagent.pcie.reason": self.reason, "hostagent.pcie.to_gen": gen_of(self.speed_gts),
+                "hostagent.pcie.to_width": self.width or None, "hostagent.pcie.link_status": f"0x{self.link_status:x}"}
 
 
 def decode_link_event(raw: bytes, fmt: TracepointFormat = PCIE_LINK_EVENT_FORMAT,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..core.capability import Evidence
 from ..telemetry.spec import EventSpec, Instrument, LinkSpec, SpanSpec
 
-LINK_SPAN = "mcp.pcie.link_episode"
+LINK_SPAN = "hostagent.pcie.link_episode"
 KEEP_CLOSED = 32  # closed episodes kept for request spans that end later and overlap them
 
 
@@ -25,7 +25,7 @@ class LinkEpisodeSpans:
             self.telemetry.open(key, SpanSpec(LINK_SPAN, ep.start_ns, None, ep.attributes()))
             ref = self.episodes[ep.episode_id] = [ep.gpu_bdf, ep.start_ns, None]
         if ep.event == "updated":
-            self.telemetry.event(key, "mcp.pcie.link_update", ep.t_ns, ep.attributes())
+            self.telemetry.event(key, "hostagent.pcie.link_update", ep.t_ns, ep.attributes())
         elif ep.event == "closed":
             ref[2] = ep.end_ns or ep.t_ns
             self.telemetry.close(key, ep.attributes(), ref[2])
@@ -40,9 +40,9 @@ class LinkEpisodeSpans:
 
     def evidence(self, t0: int, t1: int, gpu_bdfs: set[str]) -> Evidence:
         return Evidence(links=tuple(
-            LinkSpec(("pcie", k), {"mcp.link.type": "pcie_link_episode", "mcp.pcie.gpu_bdf": bdf},
-                     EventSpec("mcp.pcie.link_episode", max(t0, start), {"mcp.pcie.gpu_bdf": bdf}),
-                     (None, "mcp.pcie.span_id"))
+            LinkSpec(("pcie", k), {"hostagent.link.type": "pcie_link_episode", "hostagent.pcie.gpu_bdf": bdf},
+                     EventSpec("hostagent.pcie.link_episode", max(t0, start), {"hostagent.pcie.gpu_bdf": bdf}),
+                     (None, "hostagent.pcie.span_id"))
             for k, (bdf, start, end) in self.episodes.items()
             if bdf in gpu_bdfs and start < t1 and (end is None or end > t0)))
 
@@ -56,24 +56,24 @@ def instruments(pcie, spans: LinkEpisodeSpans | None) -> list[Instrument]:
     def links():
         out = []
         for bdf, st in (getattr(pcie.last_pcie, "links", None) or {}).items():
-            base = {"mcp.pcie.bdf": bdf, "mcp.pcie.role": getattr(st, "role", "")}
+            base = {"hostagent.pcie.bdf": bdf, "hostagent.pcie.role": getattr(st, "role", "")}
             for field_, v in (("gen", st.gen), ("gen_max", st.max_gen), ("width", st.width), ("width_max", st.max_width)):
                 if v is not None:
-                    out.append((v, {**base, "mcp.pcie.field": field_}))
+                    out.append((v, {**base, "hostagent.pcie.field": field_}))
         return out
 
     def aer():
-        return [(st.aer.total(kind), {"mcp.pcie.bdf": bdf, "mcp.pcie.aer.kind": kind})
+        return [(st.aer.total(kind), {"hostagent.pcie.bdf": bdf, "hostagent.pcie.aer.kind": kind})
                 for bdf, st in (getattr(pcie.last_pcie, "links", None) or {}).items() if st.aer is not None
                 for kind in ("correctable", "nonfatal", "fatal")]
 
     return [
-        Instrument("mcp.pcie.link", "gauge", "", "sysfs link state of GPUs and their bridges", links),
-        Instrument("mcp.pcie.aer.errors", "counter", "", "AER error counts from sysfs", aer),
-        Instrument("mcp.pcie.tracepoint_events", "counter", "",
+        Instrument("hostagent.pcie.link", "gauge", "", "sysfs link state of GPUs and their bridges", links),
+        Instrument("hostagent.pcie.aer.errors", "counter", "{error}", "AER error counts from sysfs", aer),
+        Instrument("hostagent.pcie.tracepoint.events", "counter", "{event}",
                    "ras:aer_event and pci:pcie_link_event records, by device (BPF)",
-                   lambda: [(n, {"mcp.pcie.event": ev, "mcp.pcie.bdf": bdf})
+                   lambda: [(n, {"hostagent.pcie.event": ev, "hostagent.pcie.bdf": bdf})
                             for (ev, bdf), n in dict(pcie.pcie_event_counts).items()]),
-        Instrument("mcp.pcie.link_episode.active", "gauge",
+        Instrument("hostagent.pcie.link_episode.active", "gauge", "", "degraded PCIe link episodes open now",
                    read=lambda: [(spans.active(), {})] if spans is not None else []),
     ]

@@ -68,11 +68,11 @@ class Reclaim:
     def evidence(self, fr) -> Evidence:
         attrs = {}
         if self.kswapd_attached:
-            attrs["mcp.reclaim.kswapd_overlap_ns"] = self.kswapd.active_ns(fr.begin_ns, fr.end_ns)
+            attrs["hostagent.reclaim.kswapd.overlap.time"] = self.kswapd.active_ns(fr.begin_ns, fr.end_ns) / 1e9
         links = tuple(
-            LinkSpec(("storm", n), {"mcp.link.type": "reclaim_storm", "mcp.storm.scope": ep.scope},
-                     EventSpec("mcp.reclaim_storm", max(fr.begin_ns, ep.start_ns), {"mcp.storm.scope": ep.scope}),
-                     ("mcp.storm.trace_id", "mcp.storm.span_id"))
+            LinkSpec(("storm", n), {"hostagent.link.type": "reclaim_storm", "hostagent.storm.scope": ep.scope},
+                     EventSpec("hostagent.reclaim_storm", max(fr.begin_ns, ep.start_ns), {"hostagent.storm.scope": ep.scope}),
+                     ("hostagent.storm.trace_id", "hostagent.storm.span_id"))
             for n, ep in self.episodes if _overlaps(ep, fr.begin_ns, fr.end_ns))
         return Evidence(attrs, links)
 
@@ -154,14 +154,14 @@ class Reclaim:
         """An episode still open at exit is exported, marked unfinished."""
         for n, ep in self.episodes:
             if not ep.closed:
-                self.telemetry.close(("storm", n), {**T.episode_attributes(ep), "mcp.storm.unfinished": True}, None)
+                self.telemetry.close(("storm", n), {**T.episode_attributes(ep), "hostagent.storm.unfinished": True}, None)
 
     def _stall_hist(self) -> dict:
         hist = {}
         for k, v in self.bpf[b"stall_hist"].items():
             if v.value:
                 kind, slot = divmod(k.value, 64)
-                hist[(("direct", "memcg")[kind], 1 << slot)] = v.value
+                hist[(("direct", "memcg")[kind], slot)] = v.value
         return hist
 
     def _cgroup_deltas(self, now: dict, before: dict) -> dict[str, tuple[int, int]]:

@@ -152,6 +152,7 @@ class ProcView:
     faults_per_s: float | None = None
     reclaim_ms_per_s: float | None = None
     offcpu_pct: float | None = None  # off-CPU time as % of one core (threads summed: may pass 100)
+    wait_pct: float | None = None  # the part of it runnable, waiting for a CPU (preempted): top's WAIT%
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class AgentView:
-    probes_attached: int = 0
+    probes_attached: int = 0  # live: tracepoints attached, libcuda uprobe families armed or duty-cycled
     probes_total: int = 0
     lost_kernel: int = 0
     lost_user: int = 0
@@ -294,11 +295,11 @@ def counter_rates(prev, cur, dt_s: float) -> dict[str, float | None]:
     """Per-second rates between two cumulative Counters readings of one process. A counter that went
     backwards (pid reused, the kernel entry re-created) means no rate, not a negative one."""
     keys = ("launches_per_s", "ctx_switch_us", "sync_ms_per_s", "ioctls_per_s", "faults_per_s",
-            "reclaim_ms_per_s", "offcpu_pct")
+            "reclaim_ms_per_s", "offcpu_pct", "wait_pct")
     if prev is None or dt_s <= 0:
         return dict.fromkeys(keys)
     d = {}
-    for name in ("faults", "offcpu_ns", "direct_reclaim_ns", "memcg_reclaim_ns", "cu_ctx_ops", "cu_ctx_ns",
+    for name in ("faults", "offcpu_ns", "offcpu_runnable_ns", "direct_reclaim_ns", "memcg_reclaim_ns", "cu_ctx_ops", "cu_ctx_ns",
                  "cu_sync_ns", "nv_ioctls", *LAUNCH_FIELDS):
         d[name] = _c(cur, name) - _c(prev, name)
         if d[name] < 0:
@@ -311,6 +312,7 @@ def counter_rates(prev, cur, dt_s: float) -> dict[str, float | None]:
         "faults_per_s": d["faults"] / dt_s,
         "reclaim_ms_per_s": (d["direct_reclaim_ns"] + d["memcg_reclaim_ns"]) / 1e6 / dt_s,
         "offcpu_pct": d["offcpu_ns"] / 1e9 / dt_s * 100,
+        "wait_pct": d["offcpu_runnable_ns"] / 1e9 / dt_s * 100,
     }
 
 
@@ -797,5 +799,6 @@ class SnapshotBuilder:
                 requests_total=sum(p.requests_total for p in members), launches_per_s=total("launches_per_s"),
                 ctx_switch_us=_r(max(ctx)) if ctx else None, sync_ms_per_s=total("sync_ms_per_s"),
                 ioctls_per_s=total("ioctls_per_s"), faults_per_s=total("faults_per_s"),
-                reclaim_ms_per_s=total("reclaim_ms_per_s"), offcpu_pct=total("offcpu_pct")))
+                reclaim_ms_per_s=total("reclaim_ms_per_s"), offcpu_pct=total("offcpu_pct"),
+                wait_pct=total("wait_pct")))
         return out

@@ -42,6 +42,10 @@ class SpanSpec:
     events: tuple[EventSpec, ...] = ()
     children: tuple["SpanSpec", ...] = ()
     error: str | None = None  # the status message of an ERROR span
+    # The observed process this span describes (process.*, container.*, k8s.pod.uid): exported as the
+    # span's resource, as OpenTelemetry's conventions put process identity, so that a collector's
+    # k8sattributes processor can enrich it. None: the agent's host resource.
+    resource: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -49,13 +53,24 @@ class Instrument:
     """An instrument a capability declares once. Observable kinds ("counter", "gauge") report the rows
     last published under `name` (Telemetry.publish), or, with `read`, what read() returns at
     collection time (only for state that is safe to read from the SDK's reader thread). A
-    "histogram" is recorded into (Telemetry.record)."""
+    "histogram" is recorded into (Telemetry.record) and exported with exponential buckets. A
+    "log2_ns" histogram is one the kernel already bucketed: `read` returns [(Log2Buckets, attributes)],
+    exported as a cumulative histogram in seconds with the kernel's own bucket bounds."""
 
     name: str
-    kind: str  # "counter" | "gauge" | "histogram"
+    kind: str  # "counter" | "gauge" | "histogram" | "log2_ns"
     unit: str = ""
     description: str = ""
     read: Callable[[], list] | None = None  # -> [(value, attributes)]
+
+
+@dataclass(frozen=True)
+class Log2Buckets:
+    """Cumulative counts of a BPF log2 histogram: slot k holds values in [2**(k-1), 2**k - 1] ns
+    (bcc's bpf_log2l(v) is floor(log2(v)) + 1, as its print_log2_hist reads it). No sum: the
+    kernel does not keep one."""
+
+    slots: dict  # slot -> count
 
 
 Rows = dict  # instrument name -> [(value, attributes)]

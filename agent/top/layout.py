@@ -53,8 +53,9 @@ COLUMNS = (
            help="user page faults per second"),
     Column("reclaim", "RCLMms/s", 8, 5, lambda p: p.reclaim_ms_per_s, lambda p: fmt_num(p.reclaim_ms_per_s),
            help="direct + memcg reclaim stall, ms per second"),
-    Column("offcpu", "OFF%", 5, 3, lambda p: p.offcpu_pct, lambda p: fmt_num(p.offcpu_pct),
-           help="off-CPU time, % of one core (threads summed)"),
+    # not OFF% (all time switched out): for an idle server that is mostly sleep, not a cost
+    Column("wait", "WAIT%", 5, 3, lambda p: p.wait_pct, lambda p: fmt_num(p.wait_pct),
+           help="time runnable but not running (preempted, waiting for a CPU), % of one core (threads summed)"),
 )
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 

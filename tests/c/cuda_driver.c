@@ -135,7 +135,7 @@ static void *thread_main(void *arg)
 static void run(char *line, char *out, size_t outsz)
 {
 	char a[4096];
-	long n = 0, m = 0;
+	long n = 0, m = 0, r = 0;
 	unsigned long long u = 0;
 	snprintf(out, outsz, "ok");
 	if (sscanf(line, "lib %4095s", a) == 1) {
@@ -174,6 +174,23 @@ static void run(char *line, char *out, size_t outsz)
 				call(0);
 			call(11);
 		}
+	} else if (sscanf(line, "reqs %ld %ld %ld %llu", &n, &m, &r, &u) == 4) {
+		/* n marked requests (ids u, u+1, ...) of m cuLaunchKernel calls each, paced at r per
+		 * second on one timeline across them (requests back to back, 1 ms between) */
+		uint64_t t0 = now_ns(), step = 1000000000ull / (uint64_t)r, k = 0;
+		for (long q = 0; q < n; q++) {
+			mark(MCP_OP_BEGIN, u + q);
+			for (long j = 0; j < m; j++, k++) {
+				uint64_t at = t0 + k * step;
+				struct timespec ts = {at / 1000000000ull, at % 1000000000ull};
+				while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, 0) != 0)
+					;
+				call(0);
+			}
+			mark(MCP_OP_END, u + q);
+			t0 += 1000000ull;
+		}
+		snprintf(out, outsz, "ok %llu", (unsigned long long)(now_ns() - t0));
 	} else if (sscanf(line, "paced %ld %ld", &n, &m) == 2) {
 		uint64_t t0 = now_ns(), step = 1000000000ull / (uint64_t)m;
 		for (long k = 0; k < n; k++) {

@@ -507,7 +507,7 @@ def test_registry_reused_pid_gets_a_new_record(tmp_path):
         "container.id": C1,
         "k8s.pod.uid": U1,
         "container.runtime": "containerd",
-        "mcp.cgroup.path": cgroup[3:].strip(),
+        "hostagent.cgroup.path": cgroup[3:].strip(),
     }
     assert registry.lookup(child.pid) is new
 

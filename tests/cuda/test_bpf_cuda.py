@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import RunningAgent
+from conftest import RunningAgent, identity_on_resource_only
 
 pytestmark = pytest.mark.bpf
 
@@ -139,19 +139,19 @@ def test_exact_counts_per_request_and_process(gpu, build, drivers):
     tid = int(d.do(f"thread {script}")[0])
     d.do("launch 10")  # outside any request: per process only
     d.do("sym cuCtxPushCurrent 4")
-    (span,) = gpu.ra.wait_spans(1, **{"process.pid": d.pid, "mcp.request.id": f"{501:016x}"})
+    (span,) = gpu.ra.wait_spans(1, **{"process.pid": d.pid, "hostagent.request.id": f"{501:016x}"})
     a = span.attributes
     assert a["thread.id"] == tid
     for s in LAUNCH_SYMS:
-        assert a[f"mcp.cuda.launches.{s}"] == 25, s
-    assert a["mcp.cuda.graph_launches"] == 4
-    assert a["mcp.cuda.ctx.count"] == 6 and a["mcp.cuda.ctx.ns"] > 0
-    assert a["mcp.cuda.sync.count"] == 2
+        assert a[f"hostagent.cuda.launches.{s}"] == 25, s
+    assert a["hostagent.cuda.graph_launches"] == 4
+    assert a["hostagent.cuda.ctx.count"] == 6 and a["hostagent.cuda.ctx.time"] > 0
+    assert a["hostagent.cuda.sync.count"] == 2
     # each sync sleeps 2 ms; the rest is two uprobe traps (~10 us each here) and the wake-up, which on
-    # this shared 2-CPU VM can take milliseconds
-    assert 4_000_000 <= a["mcp.cuda.sync.wait_ns"] < 4_000_000 + 6_000_000
-    assert a["mcp.cuda.alloc.count"] == 3 and a["mcp.cuda.free.count"] == 2
-    assert a.get("mcp.cuda.sampled", 0) == 0
+    # this shared 2-CPU VM can take milliseconds (seconds on the span: the kernel's ns / 1e9)
+    assert 4_000_000 / 1e9 <= a["hostagent.cuda.sync.time"] < (4_000_000 + 6_000_000) / 1e9
+    assert a["hostagent.cuda.alloc.count"] == 3 and a["hostagent.cuda.free.count"] == 2
+    assert a.get("hostagent.cuda.sampled", 0) == 0
     d1 = proc(gpu, d.pid) - c0
     assert (d1.cu_launch, d1.cu_launch_ptsz, d1.cu_launch_ex, d1.cu_launch_ex_ptsz) == (35, 35, 35, 35)
     assert (d1.cu_graph_launch, d1.cu_ctx_ops, d1.cu_syncs, d1.cu_allocs, d1.cu_frees) == (4, 10, 2, 3, 2)
@@ -160,7 +160,35 @@ def test_exact_counts_per_request_and_process(gpu, build, drivers):
     total = proc(gpu, d.pid)
     assert [total.cu_launch, total.cu_launch_ptsz, total.cu_launch_ex, total.cu_launch_ex_ptsz] == calls[:4]
     assert total.cu_ctx_ops == sum(calls[6:11])
-    assert sum(r["count"] for r in gpu.cp.hist_rows() if r["pid"] == d.pid and r["kind"] == "sync") == 2
+    assert identity_on_resource_only(span)["process.executable.name"] == "cuda_driver"
+    # the sync latency histogram: the two syncs, each 2-8 ms (the span's total above); slot s holds
+    # [2^(s-1), 2^s - 1] ns, so each one's slot brackets it
+    syncs = [r for r in gpu.cp.hist_rows() if r["pid"] == d.pid and r["kind"] == "sync"]
+    assert sum(r["count"] for r in syncs) == 2
+    assert all(r["le_ns"] == (1 << r["slot"]) - 1 for r in syncs)
+    assert all(r["le_ns"] >= 2_000_000 and 1 << (r["slot"] - 1) < 8_000_000 for r in syncs), syncs
+    # and as exported: one histogram point for the process's syncs, in seconds, both in buckets
+    # bounded by 2^s - 1 ns with 2 ms <= bound and the bucket below under 8 ms
+    point = _call_duration_point(gpu, d.pid, "sync", count=2)
+    assert point.count == 2 and sum(point.bucket_counts) == 2
+    bounds = list(point.explicit_bounds) + [float("inf")]
+    for i, n in enumerate(point.bucket_counts):
+        if n:
+            assert bounds[i] >= 0.002 and (i == 0 or bounds[i - 1] < 0.008), (i, bounds)
+
+
+def _call_duration_point(gpu, pid: int, kind: str, count: int, timeout: float = 5.0):
+    """The exported hostagent.cuda.call.duration point of (pid, kind) once it counts `count` calls (the
+    rows are published once a tick)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        points = [p for m in gpu.ra.agent.telemetry.kernel_histograms() if m.name == "hostagent.cuda.call.duration"
+                  for p in m.data.data_points
+                  if dict(p.attributes) == {"process.pid": pid, "hostagent.cuda.kind": kind}]
+        if (points and points[0].count >= count) or time.monotonic() > deadline:
+            assert len(points) == 1, points
+            return points[0]
+        time.sleep(0.1)
 
 
 def test_second_copy_is_another_inode_attached_separately(gpu, build, drivers):
@@ -212,7 +240,7 @@ def test_missing_symbols_degrade_per_symbol(gpu, build, drivers):
     assert all(r["state"] == "attached" for s, r in rows.items() if not s.endswith("Ex_ptsz")
                and s != "cuStreamSynchronize_ptsz")
     st = gpu.ra.agent.plan.statuses
-    assert st["cuda_launch"].state == "attached" and "cuLaunchKernelEx_ptsz not exported" in st["cuda_launch"].reason
+    assert st["cuda_launch"].state == "armed" and "cuLaunchKernelEx_ptsz not exported" in st["cuda_launch"].reason
     d.do("launch 20")
     c = proc(gpu, d.pid)
     assert (c.cu_launch, c.cu_launch_ptsz, c.cu_launch_ex, c.cu_launch_ex_ptsz) == (20, 20, 20, 0)
@@ -262,13 +290,25 @@ def test_gpu_steps_zero_touch(gpu, build, drivers):
         if i:
             assert s.begin_ns == mine[i - 1].hdr.ts_ns  # a step begins where the last one's sync returned
     assert not [s for s in gpu.steps if s.hdr.tid == marked]  # inside requests, spans not steps
-    # the pipeline turns each step into an `mcp.gpu_step` span with the step's counters
-    spans = [s for s in gpu.ra.wait_spans(4, **{"thread.id": tid}) if s.name == "mcp.gpu_step"]
-    assert len(spans) == 4
-    for sp, st in zip(sorted(spans, key=lambda s: s.start_time), mine):
-        assert sp.attributes["mcp.cuda.launches.cuLaunchKernel"] == 7
-        assert sp.attributes["mcp.gpu_step.sync_ns"] == st.sync_ns
-        assert sp.attributes["process.pid"] == d.pid and sp.attributes["mcp.gpu_step.sync_kind"] == "stream"
+    # Steps go to histograms; a span only for an outlier (steps.OutlierGate): none for these ~1 ms
+    # steps, one for a step of 80 ms after the process's mean settled at ~1 ms.
+    d.do("thread steps 12 7")
+    d.do("syncns 80000000")
+    d.do("steps 1 7")
+    deadline = time.monotonic() + 10
+    while not [s for s in gpu.ra.spans(**{"process.pid": d.pid}) if s.name == "hostagent.gpu_step"]:
+        assert time.monotonic() < deadline, "no gpu_step span for the 80 ms step"
+        time.sleep(0.1)
+    time.sleep(0.5)  # and no other: the ~1 ms steps stay in the histograms
+    spans = [s for s in gpu.ra.spans(**{"process.pid": d.pid}) if s.name == "hostagent.gpu_step"]
+    assert len(spans) == 1, [dict(s.attributes) for s in spans]
+    (sp,) = spans
+    assert sp.attributes["thread.id"] == d.pid  # the main thread's 80 ms step
+    assert sp.attributes["hostagent.cuda.launches.cuLaunchKernel"] == 7
+    assert sp.attributes["hostagent.gpu_step.sync.time"] >= 0.08  # seconds
+    assert sp.attributes["process.pid"] == d.pid and sp.attributes["hostagent.gpu_step.sync.kind"] == "stream"
+    res = identity_on_resource_only(sp)  # the process's identity is the step span's resource
+    assert res["process.pid"] == d.pid and res["process.executable.name"] == "cuda_driver"
 
 
 def test_ioctls_on_nvidia_fds_match_strace(gpu, build, drivers, tmp_path):
@@ -304,8 +344,8 @@ def test_ioctls_on_nvidia_fds_match_strace(gpu, build, drivers, tmp_path):
     assert ours == theirs == {0xC020462A: 40, 0x541B: 25, 0x30: 15}
     assert c1.nv_ioctls == 80 and c1.nv_ioctl_ns > 0 and ns >= c1.nv_ioctl_ns
     assert summary >= 80 + 30  # strace -c counts every ioctl of the process: markers, /dev/null, libc's
-    (span,) = gpu.ra.wait_spans(1, **{"process.pid": d.pid, "mcp.request.id": f"{601:016x}"})
-    assert span.attributes["mcp.nvidia.ioctl.count"] == 65
+    (span,) = gpu.ra.wait_spans(1, **{"process.pid": d.pid, "hostagent.request.id": f"{601:016x}"})
+    assert span.attributes["hostagent.nvidia.ioctl.count"] == 65
 
 
 def test_duty_cycle_scales_and_marks_sampled(gpu, build, drivers):
@@ -345,6 +385,61 @@ def test_duty_cycle_scales_and_marks_sampled(gpu, build, drivers):
     assert abs(est - 24000) / 24000 < 0.10, (est, status)
     assert gpu.cp.weight == 1  # back to exact counting
     assert fake_calls(d)[0] == 24000  # the library's truth
+
+
+def test_duty_cycled_request_counts_are_exact_estimated_or_absent_never_a_false_zero(gpu, build, drivers):
+    """Issue 14: with the launch probes duty-cycled (weight 3, slices of 0.1 s), 150 requests of 40
+    launches each (20 ms apiece at 2,000/s): a request whose window the probe covered says 40 exactly
+    and carries no coverage; one it covered in part carries the coverage and an estimate (hits /
+    coverage) near 40; one it never surely covered leaves the count off (unknown) with coverage 0.
+    The H200 version, two PyTorch processes against torch.profiler: tests/fixtures/cuda/
+    h200_coverage_check.py (docs/PERFORMANCE.md). Before, a
+    request in an off-slice said 0 unflagged, and one in an on-slice said 3 x 40."""
+    d = drivers()
+    wait_attached(gpu, build.lib, d.pid)
+    d.do(f"open {FAKE_DEV_GLOB[:-1]}-cov")  # a GPU user steers the weights
+    deadline = time.monotonic() + 5
+    while d.pid not in gpu.cp._fds and time.monotonic() < deadline:
+        time.sleep(0.1)
+    deadline = time.monotonic() + 15
+    while sum(sum(r.values()) for r in gpu.cp.rates.values()) > 50 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    cost = gpu.cp.calibration.cost_ns
+    gpu.cp.set_budget(2000 * cost * 1e-9 / 2.5)  # -> weight 3 at 2,000 launches/s
+    try:
+        d.do("paced 6000 2000")  # 3 s: the governor sees the rate and duty-cycles
+        assert gpu.cp.weight >= 2, gpu.cp.governor_status()
+        d.do("reqs 150 40 2000 900000")
+        status = gpu.cp.governor_status()
+    finally:
+        gpu.cp.set_budget(1.0)
+    spans = gpu.ra.wait_spans(150, timeout=15, **{"process.pid": d.pid})
+    spans = [s for s in spans if int(s.attributes["hostagent.request.id"], 16) >= 900000]
+    assert len(spans) == 150, (len(spans), status)
+    exact = partial = unknown = 0
+    est = []
+    for s in spans:
+        a = s.attributes
+        n, cov = a.get("hostagent.cuda.launches.cuLaunchKernel"), a.get("hostagent.cuda.coverage.cuLaunchKernel")
+        if cov is None:
+            exact += 1
+            assert n == 40, sorted(a.items())  # exact means exact
+        elif cov == 0:
+            unknown += 1
+            assert n is None, dict(a)  # unknown is absent, not 0
+        else:
+            partial += 1
+            assert 0 < cov < 1 and n is not None, dict(a)
+            est.append(n)
+    # weight 3 of 0.1 s slices: on 1/3 of the time; 20 ms requests fall inside, outside and across
+    # (seen: 44 exact, 23 estimated, 83 unknown)
+    assert exact >= 10 and unknown + partial >= 30, (exact, partial, unknown, status)
+    # Estimates are rough: each attach stalls the launching thread for its duration (~10 ms here) and
+    # the paced driver catches up, so hits are not spread as the on-time is (seen: 6..45 for 40,
+    # mean 30). Labelled, they stay within reason on the whole.
+    if len(est) >= 5:
+        assert 0.5 <= sum(est) / (40 * len(est)) <= 1.5, sorted(est)
+    assert fake_calls(d)[0] == 6000 + 150 * 40  # the library's truth
 
 
 def test_library_detach_is_fast_with_uprobe_multi_links(gpu, build, drivers, tmp_path):

@@ -21,9 +21,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otlp_receiver import GrpcReceiver, HttpReceiver, ReceivedMetric, ReceivedSpan, attrs
 
 from mcp_hostagent import __version__
-from mcp_hostagent.exporters.jsonl import ids_to_base64
+from mcp_hostagent.exporters.jsonl import ids_to_base64, metrics_path
 from mcp_hostagent.core.kernel import tracepoint_exists
 from mcp_hostagent.core.probes import PROBES
+from mcp_hostagent.core.processes import METRIC_IDENTITY
+from mcp_hostagent.telemetry.otel import instance_id
 
 pytestmark = pytest.mark.bpf
 
@@ -33,7 +35,7 @@ PAGES = 1500
 # to_wall_ns adds one offset sampled at start to the kernel's CLOCK_MONOTONIC; the error is well under
 # this, and the window measured around the request is wider than the request anyway.
 CLOCK_SLACK_NS = 5_000_000
-HEALTH_METRICS = ("mcp.agent.probes", "mcp.agent.spans.exported", "mcp.agent.events.lost")
+HEALTH_METRICS = ("hostagent.agent.probes", "hostagent.agent.spans.exported", "hostagent.agent.events.lost")
 
 
 @pytest.fixture(autouse=True)
@@ -78,13 +80,16 @@ class JsonlFile:
         self.lines: list[dict] = []
 
     def _read(self) -> list[dict]:
-        try:
-            with open(self.path) as f:
-                text = f.read()
-        except FileNotFoundError:
-            return []
-        # only complete lines: the writer may be half-way through one
-        return [json.loads(ln) for ln in text.split("\n")[:-1] if ln]
+        out = []
+        for path in (self.path, metrics_path(self.path)):  # spans, and metrics beside them
+            try:
+                with open(path) as f:
+                    text = f.read()
+            except FileNotFoundError:
+                continue
+            # only complete lines: the writer may be half-way through one
+            out += [json.loads(ln) for ln in text.split("\n")[:-1] if ln]
+        return out
 
     def spans(self) -> list[ReceivedSpan]:
         out = []
@@ -133,7 +138,7 @@ def mark_request(child: Child, rid: int) -> tuple[int, int]:
 def request_span(sink, child: Child, rid: int) -> ReceivedSpan:
     def mine():
         return [s for s in sink.spans() if s.attributes.get("process.pid") == child.pid
-                and s.attributes.get("mcp.request.id") == f"{rid:016x}"]
+                and s.attributes.get("hostagent.request.id") == f"{rid:016x}"]
 
     assert sink.wait_for(lambda: bool(mine()), timeout=10), (
         f"no span for request {rid:016x} of pid {child.pid}; got {[s.attributes for s in sink.spans()]}")
@@ -143,20 +148,25 @@ def request_span(sink, child: Child, rid: int) -> ReceivedSpan:
 
 def check_request_span(got: ReceivedSpan, child: Child, rid: int, window: tuple[int, int]) -> None:
     s, a = got.span, got.attributes
-    assert s.name == "mcp.request"
+    assert s.name == "hostagent.request"
     assert s.trace_id.hex() == TRACE_HEX
     assert s.parent_span_id.hex() == PARENT_HEX
     assert len(s.span_id) == 8 and s.span_id.hex() not in ("0" * 16, PARENT_HEX)
     assert a["process.pid"] == child.pid
     assert a["thread.id"] == child.pid  # the child's main thread marks
-    assert a["mcp.request.id"] == f"{rid:016x}"
-    assert a["mcp.request.end_reason"] == "marked"
-    assert a["mcp.request.traceparent"] == "valid"
-    assert a["mcp.faults.user"] >= PAGES
-    assert type(a["mcp.faults.user"]) is int and type(a["process.pid"]) is int
+    assert a["hostagent.request.id"] == f"{rid:016x}"
+    assert a["hostagent.request.end_reason"] == "marked"
+    assert a["hostagent.request.traceparent"] == "valid"
+    assert a["hostagent.faults.user"] >= PAGES
+    assert type(a["hostagent.faults.user"]) is int and type(a["process.pid"]) is int
     assert got.resource["service.name"] == "mcp-agent"
     assert got.resource["service.version"] == __version__
+    assert got.resource["service.instance.id"] == instance_id("mcp-agent")  # stable: machine id + service
     assert got.resource["host.name"] == socket.gethostname()
+    # the observed process is the span's resource (merged over the agent's); the span keeps its pid
+    assert got.resource["process.pid"] == child.pid
+    assert got.resource["process.executable.name"].startswith("python")
+    assert not {"process.executable.name", "process.command_line", "process.owner", "container.id"} & set(a)
     assert got.scope == "mcp_hostagent"
     t0, t1 = window
     start, end = s.start_time_unix_nano, s.end_time_unix_nano
@@ -171,24 +181,46 @@ def check_health_metrics(sink, child: Child, a: "AgentThread") -> None:
         return [m for m in sink.metrics() if m.metric.name == name]
 
     def exported_at_least_one():
-        return any(value(p) >= 1 for m in named("mcp.agent.spans.exported") for p in points(m.metric))
+        return any(value(p) >= 1 for m in named("hostagent.agent.spans.exported") for p in points(m.metric))
 
     def child_faults():
-        return [value(p) for m in named("mcp.process.page_faults") for p in points(m.metric)
+        return [value(p) for m in named("hostagent.process.user_faults") for p in points(m.metric)
                 if attrs(p.attributes).get("process.pid") == child.pid]
+
+    def child_points():
+        return [(m, attrs(p.attributes)) for m in sink.metrics() if m.metric.name.startswith(("hostagent.process.", "process."))
+                for p in points(m.metric) if attrs(p.attributes).get("process.pid") == child.pid]
 
     # cumulative counters: a later export holds the count of spans exported after the request
     assert sink.wait_for(exported_at_least_one, timeout=10), (
-        f"mcp.agent.spans.exported never >= 1; metrics: {sorted({m.metric.name for m in sink.metrics()})}")
+        f"hostagent.agent.spans.exported never >= 1; metrics: {sorted({m.metric.name for m in sink.metrics()})}")
     assert sink.wait_for(lambda: all(named(n) for n in HEALTH_METRICS), timeout=5)
     assert sink.wait_for(lambda: any(v >= PAGES for v in child_faults()), timeout=10), child_faults()
+
+    # per-process metrics: bounded labels (pid, executable, container, pod), never the command line;
+    # metrics stay on the agent's resource, not a process's
+    mine = child_points()
+    assert {m.metric.name for m, _ in mine} >= {"hostagent.process.user_faults", "process.context_switches",
+                                                "hostagent.process.offcpu.time", "process.paging.faults"}
+    for m, pa in mine:
+        assert set(pa) - {"process.context_switch.type", "process.paging.fault_type", "hostagent.reclaim.kind"} \
+            <= set(METRIC_IDENTITY), (m.metric.name, pa)
+        assert "process.command_line" not in pa and "process.pid" not in m.resource
+    assert {m.metric.unit for m, _ in mine if m.metric.name == "hostagent.process.offcpu.time"} == {"s"}
+    # the request duration: an exponential histogram in seconds
+    durations = [m.metric for m in named("hostagent.request.duration")]
+    assert durations and {d.unit for d in durations} == {"s"}
+    assert {d.WhichOneof("data") for d in durations} == {"exponential_histogram"}
+    assert any(p.count >= 1 and attrs(p.attributes)["process.executable.name"].startswith("python")
+               for d in durations for p in points(d))
 
     latest = {n: named(n)[-1] for n in HEALTH_METRICS}
     for m in latest.values():
         assert m.resource["service.name"] == "mcp-agent"
+        assert m.resource["service.instance.id"] == instance_id("mcp-agent")
         assert m.resource["host.name"] == socket.gethostname()
-    probes = {(attrs(p.attributes)["mcp.probe"], attrs(p.attributes)["mcp.probe.state"]): value(p)
-              for p in points(latest["mcp.agent.probes"].metric)}
+    probes = {(attrs(p.attributes)["hostagent.probe"], attrs(p.attributes)["hostagent.probe.state"]): value(p)
+              for p in points(latest["hostagent.agent.probes"].metric)}
     # one point per probe and per non-BPF source (NVML, PCIe sysfs, netlink) with the state the agent
     # decided; every tracepoint this kernel has attached
     expected = {(n, st.state): 1 for n, st in a.agent.plan.statuses.items()}
@@ -199,7 +231,7 @@ def check_health_metrics(sink, child: Child, a: "AgentThread") -> None:
     for p in PROBES:
         if getattr(p, "kind", "tracepoint") == "tracepoint" and tracepoint_exists(*p.tracepoint.split(":")):
             assert (p.name, "attached") in probes, f"{p.name} not attached: {sorted(probes)}"
-    lost = {attrs(p.attributes)["mcp.where"]: value(p) for p in points(latest["mcp.agent.events.lost"].metric)}
+    lost = {attrs(p.attributes)["hostagent.where"]: value(p) for p in points(latest["hostagent.agent.events.lost"].metric)}
     # kernel: ring-buffer overruns, which other marking processes on a shared host can cause; user: ours
     assert set(lost) == {"kernel", "user"} and lost["user"] == 0 and lost["kernel"] >= 0, lost
 
@@ -234,7 +266,7 @@ def test_request_span_in_default_jsonl_file(tmp_path, child):
     path = tmp_path / "telemetry.jsonl"
     a = AgentThread({"export.jsonl_path": str(path)})
     try:
-        assert a.report.sinks == [f"jsonl: {path}"]
+        assert a.report.sinks == [f"jsonl: {path} (spans), {metrics_path(str(path))} (metrics)"]
         rid = 0x5EED0002
         window = mark_request(child, rid)
         sink = JsonlFile(path)
@@ -247,9 +279,9 @@ def test_request_span_in_default_jsonl_file(tmp_path, child):
     # the ids as written: lowercase hex (OTLP/JSON), not proto3-JSON's base64
     raw = [s for line in path.read_text().splitlines() for rs in json.loads(line).get("resourceSpans", [])
            for ss in rs["scopeSpans"] for s in ss["spans"]]
-    (span,) = [s for s in raw if {"key": "mcp.request.id", "value": {"stringValue": f"{rid:016x}"}}
+    (span,) = [s for s in raw if {"key": "hostagent.request.id", "value": {"stringValue": f"{rid:016x}"}}
                in s["attributes"]]
     assert span["traceId"] == TRACE_HEX
     assert span["parentSpanId"] == PARENT_HEX
     assert span["spanId"] == got.span.span_id.hex() and len(span["spanId"]) == 16
-    assert span["name"] == "mcp.request"
+    assert span["name"] == "hostagent.request"

@@ -43,7 +43,7 @@ TRACEPARENT = f"00-{TRACE_ID:032x}-{PARENT_ID:016x}-01"
 LINK_TRACE_ID, LINK_SPAN_ID = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
 START_NS = 1_700_000_000_123_456_789
 END_NS = START_NS + 2_500_000
-ATTRS = {"mcp.pid": 4242, "mcp.comm": "python3", "mcp.reclaim_stall_ns": 1_234_567}
+ATTRS = {"hostagent.pid": 4242, "hostagent.comm": "python3", "hostagent.reclaim_stall_ns": 1_234_567}
 RESOURCE = Resource.create({"service.name": "mcp-agent-test", "host.name": "testhost"})
 PROTOCOLS = [("grpc", GrpcReceiver), ("http/protobuf", HttpReceiver)]
 
@@ -78,9 +78,9 @@ def emit_span(processor, links=(), shutdown=True) -> None:
 def emit_counter(metric_exporters, value_a=3, value_b=4) -> MeterProvider:
     readers = [PeriodicExportingMetricReader(e, export_interval_millis=3_600_000) for e in metric_exporters]
     provider = MeterProvider(resource=RESOURCE, metric_readers=readers)
-    counter = provider.get_meter("mcp_hostagent.test").create_counter("mcp.test.events", unit="1")
-    counter.add(value_a, {"mcp.comm": "python3"})
-    counter.add(value_b, {"mcp.comm": "python3"})
+    counter = provider.get_meter("mcp_hostagent.test").create_counter("hostagent.test.events", unit="1")
+    counter.add(value_a, {"hostagent.comm": "python3"})
+    counter.add(value_b, {"hostagent.comm": "python3"})
     provider.force_flush(5000)
     return provider
 
@@ -107,7 +107,7 @@ def test_span_reaches_receiver(protocol, receiver_cls, monkeypatch):
     assert len(s.span_id) == 8 and s.span_id != PARENT_ID.to_bytes(8, "big")
     assert (s.start_time_unix_nano, s.end_time_unix_nano) == (START_NS, END_NS)
     assert got.attributes == ATTRS
-    assert type(got.attributes["mcp.pid"]) is int
+    assert type(got.attributes["hostagent.pid"]) is int
     assert got.resource["service.name"] == "mcp-agent-test"
     assert got.scope == "mcp_hostagent.test"
     assert rx.headers[0]["x-mcp-token"] == "s3cret"
@@ -121,7 +121,7 @@ def test_counter_reaches_receiver(protocol, receiver_cls):
     with receiver_cls() as rx:
         exporters = build_exporters(None, rx.endpoint, protocol)
         provider = emit_counter(exporters.metric_exporters)
-        [got] = rx.wait_for_metric("mcp.test.events", timeout=5)
+        [got] = rx.wait_for_metric("hostagent.test.events", timeout=5)
         provider.shutdown()
 
     m = got.metric
@@ -162,17 +162,22 @@ def hex_ids_to_base64(line: dict) -> dict:
 def test_jsonl_lines_are_otlp_json(tmp_path):
     path = tmp_path / "state" / "mcp-agent" / "telemetry.jsonl"
     exporters = build_exporters(str(path), None, "grpc")
-    assert exporters.describe() == [f"jsonl: {path}"]
+    mpath = path.with_name("telemetry.metrics.jsonl")
+    assert exporters.describe() == [f"jsonl: {path} (spans), {mpath} (metrics)"]
     link_ctx = SpanContext(LINK_TRACE_ID, LINK_SPAN_ID, is_remote=True, trace_flags=TraceFlags(1))
-    link = Link(link_ctx, {"mcp.link": "cause"})
+    link = Link(link_ctx, {"hostagent.link": "cause"})
     emit_span(batch_processor(exporters), links=[link])
     emit_counter(exporters.metric_exporters).shutdown()
 
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o750
     assert stat.S_IMODE(path.parent.parent.stat().st_mode) == 0o750
+    assert stat.S_IMODE(mpath.stat().st_mode) == 0o640
+    # one signal per file: spans in the path given, metrics beside it
     lines = [json.loads(text) for text in path.read_text().splitlines()]
-    assert [list(line) for line in lines] == [["resourceSpans"], ["resourceMetrics"], ["resourceMetrics"]]
+    mlines = [json.loads(text) for text in mpath.read_text().splitlines()]
+    assert [list(line) for line in lines] == [["resourceSpans"]]
+    assert [list(line) for line in mlines] == [["resourceMetrics"], ["resourceMetrics"]]
 
     span_line = lines[0]
     span = span_line["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
@@ -183,7 +188,7 @@ def test_jsonl_lines_are_otlp_json(tmp_path):
     assert span["links"][0]["spanId"] == f"{LINK_SPAN_ID:016x}"
     assert span["kind"] == 1  # SPAN_KIND_INTERNAL as an integer
     assert (span["startTimeUnixNano"], span["endTimeUnixNano"]) == (str(START_NS), str(END_NS))
-    assert {"key": "mcp.pid", "value": {"intValue": "4242"}} in span["attributes"]
+    assert {"key": "hostagent.pid", "value": {"intValue": "4242"}} in span["attributes"]
 
     msg = json_format.ParseDict(hex_ids_to_base64(span_line), ExportTraceServiceRequest())
     pb_span = msg.resource_spans[0].scope_spans[0].spans[0]
@@ -192,9 +197,9 @@ def test_jsonl_lines_are_otlp_json(tmp_path):
     assert pb_span.start_time_unix_nano == START_NS
     assert hex_ids_to_base64(span_line) == json_format.MessageToDict(msg, use_integers_for_enums=True)
 
-    metrics = json_format.ParseDict(lines[1], ExportMetricsServiceRequest())
+    metrics = json_format.ParseDict(mlines[0], ExportMetricsServiceRequest())
     m = metrics.resource_metrics[0].scope_metrics[0].metrics[0]
-    assert m.name == "mcp.test.events" and m.sum.data_points[0].as_int == 7
+    assert m.name == "hostagent.test.events" and m.sum.data_points[0].as_int == 7
     assert m.sum.aggregation_temporality == 2
     assert exporters.stats.snapshot() == {
         "spans_exported": 1,
@@ -364,12 +369,12 @@ def test_console_line_and_describe():
     emit_span(SimpleSpanProcessor(ConsoleSpanExporter(out)))
     [line] = out.getvalue().splitlines(keepends=True)
     assert line.startswith(f"reclaim_stall trace={TRACE_ID:032x} span=")
-    assert line.endswith(" 2.500ms mcp.pid=4242 mcp.comm=python3 mcp.reclaim_stall_ns=1234567\n")
+    assert line.endswith(" 2.500ms hostagent.pid=4242 hostagent.comm=python3 hostagent.reclaim_stall_ns=1234567\n")
     exporters = build_exporters("/var/lib/mcp-agent/telemetry.jsonl", "http://127.0.0.1:4317", "grpc", out)
     assert exporters.describe() == [
-        "jsonl: /var/lib/mcp-agent/telemetry.jsonl",
+        "jsonl: /var/lib/mcp-agent/telemetry.jsonl (spans), /var/lib/mcp-agent/telemetry.metrics.jsonl (metrics)",
         "otlp grpc: http://127.0.0.1:4317",
-        "console: StringIO (spans)",
+        "console: StringIO (spans, metric summaries)",
     ]
     with pytest.raises(ValueError, match="http/json"):
         build_exporters(None, "http://127.0.0.1:4318", "http/json")

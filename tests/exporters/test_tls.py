@@ -199,8 +199,8 @@ def test_canary_token_reaches_the_collector_and_nothing_else(kind, pki, tmp_path
                 time.sleep(0.05)
             with marker.request(traceparent=TP) as rid:
                 pass
-            rx.wait_for(lambda: any(s.attributes.get("mcp.request.id") == f"{rid:016x}" for s in rx.spans()), 20)
-            rx.wait_for_metric("mcp.agent.spans.exported", 10)
+            rx.wait_for(lambda: any(s.attributes.get("hostagent.request.id") == f"{rid:016x}" for s in rx.spans()), 20)
+            rx.wait_for_metric("hostagent.agent.spans.exported", 10)
             cmdline = open(f"/proc/{p.pid}/cmdline", "rb").read()
             environ = open(f"/proc/{p.pid}/environ", "rb").read()
             children = [open(f"/proc/{c}/environ", "rb").read()

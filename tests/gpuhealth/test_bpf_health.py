@@ -312,20 +312,20 @@ def test_h200_xid_through_the_pipeline_finding_metric_and_span_event(tmp_path, s
             agent.poll(100)
             agent.telemetry.tracer_provider.force_flush(2000)
             span = next((s for s in spans.get_finished_spans()
-                         if s.attributes.get("mcp.request.id") == f"{701:016x}"), None)
+                         if s.attributes.get("hostagent.request.id") == f"{701:016x}"), None)
         assert span is not None
         _, _, _, msg = dmesg_xid()
-        (ev,) = [e for e in span.events if e.name == "mcp.gpu.xid"]
-        assert dict(ev.attributes) == {"mcp.gpu.xid": 31, "mcp.gpu.pci_bus_id": GPU, "mcp.gpu.xid.source": "bpf",
-                                       "mcp.gpu.xid.message": msg}
+        (ev,) = [e for e in span.events if e.name == "hostagent.gpu.xid"]
+        assert dict(ev.attributes) == {"hostagent.gpu.xid.code": 31, "hostagent.gpu.pci_bus_id": GPU, "hostagent.gpu.xid.source": "bpf",
+                                       "hostagent.gpu.xid.message": msg}
         assert ev.timestamp == agent.timebase.to_wall_ns(t_xid)
         (x,) = agent.gpu.xids
         assert (x.source, x.gpu_index, x.uuid, x.pci_bus_id, x.xid) == ("bpf", 0, replay.static(0, "nvmlDeviceGetUUID"),
                                                                         GPU, 31)
         # the metric by code
         agent.telemetry.meter_provider.force_flush(5000)
-        (pt,) = metrics.points("mcp.gpu.xid")[-1:]
-        assert (dict(pt.attributes), pt.value) == ({"mcp.gpu.xid": 31}, 1)
+        (pt,) = metrics.points("hostagent.gpu.xid.errors")[-1:]
+        assert (dict(pt.attributes), pt.value) == ({"hostagent.gpu.xid.code": 31}, 1)
         # the finding `mcp-agent top` shows
         agent.snapshots.on_tick(agent.tick_state())
         snap = agent.snapshots.latest()
@@ -468,8 +468,8 @@ def test_link_event_repolls_the_link_at_once(sysroot, tmp_path):  # noqa: F811
     assert gh.on_tp_raw(D.TpRaw(hdr(clock.t), KIND_LINK, bpf_copy(rec))) == []
     assert pc.pcie_event_counts[("pcie_link_event", GPU)] == 2
     name, t, bdf, attrs = pc.pcie_events[0]
-    assert (name, t, bdf, attrs["mcp.pcie.reason"], attrs["mcp.pcie.to_width"]) == (
-        "mcp.pcie.link_event", 2 * 10**9, GPU, "bwctrl_irq", 8)
+    assert (name, t, bdf, attrs["hostagent.pcie.reason"], attrs["hostagent.pcie.to_width"]) == (
+        "hostagent.pcie.link_event", 2 * 10**9, GPU, "bwctrl_irq", 8)
     gh.stop()
 
 

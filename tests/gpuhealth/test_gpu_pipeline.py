@@ -57,25 +57,26 @@ def test_request_span_carries_gpu_samples_and_link_episode(make_agent, sysroot):
         while not a.agent.pcie.links.episodes and time.monotonic() < deadline:
             time.sleep(0.05)
         child.do("spin 300", "end 301")
-        (span,) = a.wait_spans(1, **{"process.pid": child.pid, "mcp.request.id": f"{301:016x}"})
+        (span,) = a.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{301:016x}"})
         attrs = span.attributes
         recorded_util = {s["gpus"][0]["calls"]["nvmlDeviceGetUtilizationRates"]["value"]["gpu"] for s in busy}
-        assert attrs["mcp.gpu.pci_bus_id"] == GPU
-        assert attrs["mcp.gpu.uuid"] == replay.static(0, "nvmlDeviceGetUUID")
-        assert attrs["mcp.gpu.util.max_pct"] in recorded_util
-        assert min(recorded_util) <= attrs["mcp.gpu.util.mean_pct"] <= max(recorded_util)
-        assert attrs["mcp.gpu.samples"] >= 2
-        links = [l for l in span.links if l.attributes["mcp.link.type"] == "pcie_link_episode"]
-        assert links and links[0].attributes["mcp.pcie.gpu_bdf"] == GPU
-        assert any(e.name == "mcp.pcie.link_episode" for e in span.events)
+        assert attrs["hostagent.gpu.pci_bus_id"] == GPU
+        assert attrs["hostagent.gpu.uuid"] == replay.static(0, "nvmlDeviceGetUUID")
+        # NVML's percent as a ratio (rounded to 4 places, as GpuAggregate.attributes exports it)
+        assert attrs["hostagent.gpu.utilization.max"] in {round(u / 100, 4) for u in recorded_util}
+        assert round(min(recorded_util) / 100, 4) <= attrs["hostagent.gpu.utilization.mean"] <= round(max(recorded_util) / 100, 4)
+        assert attrs["hostagent.gpu.samples"] >= 2
+        links = [l for l in span.links if l.attributes["hostagent.link.type"] == "pcie_link_episode"]
+        assert links and links[0].attributes["hostagent.pcie.gpu_bdf"] == GPU
+        assert any(e.name == "hostagent.pcie.link_episode" for e in span.events)
     finally:
         child.close()
     set_link(gpu_dir(sysroot), width="16")  # retrained: the episode closes and its span is exported
     ep = None
     deadline = time.monotonic() + 5
     while ep is None and time.monotonic() < deadline:
-        ep = next((s for s in a.spans() if s.name == "mcp.pcie.link_episode"), None)
+        ep = next((s for s in a.spans() if s.name == "hostagent.pcie.link_episode"), None)
         time.sleep(0.1)
     assert ep is not None and ep.context.span_id == links[0].context.span_id
-    assert ep.attributes["mcp.pcie.causes"] == ("width_drop",)
-    assert (ep.attributes["mcp.pcie.from_width"], ep.attributes["mcp.pcie.to_width"]) in {(16, 8), (16, 16)}
+    assert ep.attributes["hostagent.pcie.causes"] == ("width_drop",)
+    assert (ep.attributes["hostagent.pcie.from_width"], ep.attributes["hostagent.pcie.to_width"]) in {(16, 8), (16, 16)}

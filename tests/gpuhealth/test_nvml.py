@@ -379,8 +379,18 @@ def test_aggregate_over_a_span_from_idle_into_busy():
     busy_procs = [raw(r, "nvmlDeviceGetComputeRunningProcesses")[0]["usedGpuMemory"] for r in recs[2:]]
     assert agg.process_mem_max_bytes == max(busy_procs)
     attrs = agg.attributes()
-    assert attrs["mcp.gpu.uuid"] == HOST["gpus"][0]["nvmlDeviceGetUUID"]["value"]
-    assert attrs["mcp.gpu.throttle_reasons"] == list(agg.throttle_reasons)
+    assert attrs["hostagent.gpu.uuid"] == HOST["gpus"][0]["nvmlDeviceGetUUID"]["value"]
+    assert attrs["hostagent.gpu.throttle_reasons"] == list(agg.throttle_reasons)
+    # span attributes in base units, as the metrics: ratio, By, Hz, W, Cel; no unit in a name
+    assert attrs["hostagent.gpu.utilization.max"] == round(max(utils) / 100, 4)
+    assert attrs["hostagent.gpu.utilization.mean"] == round(agg.util_gpu_mean_pct / 100, 4)
+    assert attrs["hostagent.gpu.memory.usage.max"] == agg.mem_used_max_bytes
+    assert attrs["hostagent.gpu.sm_clock.min"] == agg.sm_clock_min_mhz * 1_000_000
+    assert attrs["hostagent.gpu.sm_clock.max"] == agg.sm_clock_max_mhz * 1_000_000
+    assert attrs["hostagent.gpu.power.max"] == agg.power_max_mw / 1000
+    assert attrs["hostagent.gpu.process.memory.usage.max"] == max(busy_procs)
+    assert not [k for k in attrs if k.endswith(("_pct", "_mhz", "_mw", "_bytes", "_c"))], attrs
+    assert set(agg.attributes("hostagent.gpu.1")) == {k.replace("hostagent.gpu.", "hostagent.gpu.1.", 1) for k in attrs}
     assert aggregate_samples([]) is None
 
 
@@ -419,3 +429,48 @@ def test_xid_watcher_degrades_when_registration_is_refused():
     w = XidWatcher(fake)
     assert w.start() is False
     assert w.state == "degraded" and "gpu0" in w.reason and "Not Supported" in w.reason
+
+
+# --- GPU metrics (gpuhealth/telemetry.py): OpenTelemetry's hw.* conventions, base units ----------------
+
+
+def test_gpu_metrics_follow_the_hw_conventions_in_base_units():
+    from types import SimpleNamespace
+
+    from mcp_hostagent.gpuhealth import telemetry as GT
+    from mcp_hostagent.gpuhealth.nvml import GpuProcess, GpuSample
+
+    up = GpuSample(0, "GPU-5f0c", "0000:00:06.0", 10, 0, util_gpu_pct=87, util_mem_pct=40,
+                   mem_used_bytes=3 << 30, mem_total_bytes=80 << 30, sm_clock_mhz=1980, mem_clock_mhz=2619,
+                   throttle_reasons=("sw_power_cap",), power_mw=512_345, temperature_c=61, pcie_gen=5,
+                   pcie_gen_max=5, pcie_width=8, pcie_width_max=16, pcie_replay_count=3,
+                   processes=(GpuProcess(476, 1 << 30),))
+    down = GpuSample(1, None, None, 10, 0, up=False, down_reason="GPU is lost")
+    gpu = SimpleNamespace(sampler=SimpleNamespace(snapshot=lambda: {0: up, 1: down}),
+                          xid=SimpleNamespace(counts={31: 2}))
+    got = {i.name: (i.kind, i.unit, i.read()) for i in GT.instruments(gpu)}
+    g0 = {"hw.id": "GPU-5f0c", "hw.type": "gpu", "hw.vendor": "NVIDIA", "hostagent.gpu.index": 0,
+          "hostagent.gpu.pci_bus_id": "0000:00:06.0"}
+    g1 = {"hw.id": "gpu1", "hw.type": "gpu", "hw.vendor": "NVIDIA", "hostagent.gpu.index": 1,
+          "hostagent.gpu.pci_bus_id": ""}  # no uuid from a GPU marked down: its index stands in
+    assert got == {
+        "hw.status": ("gauge", "", [(1, {**g0, "hw.state": "ok"}), (0, {**g0, "hw.state": "failed"}),
+                                     (0, {**g1, "hw.state": "ok"}), (1, {**g1, "hw.state": "failed"})]),
+        "hw.gpu.utilization": ("gauge", "1", [(0.87, g0)]),
+        "hw.gpu.memory.utilization": ("gauge", "1", [(0.4, g0)]),
+        "hw.gpu.memory.usage": ("gauge", "By", [(3 << 30, g0)]),
+        "hw.gpu.memory.limit": ("gauge", "By", [(80 << 30, g0)]),
+        "hostagent.gpu.clock.frequency": ("gauge", "Hz", [(1_980_000_000, {**g0, "hostagent.gpu.clock": "sm"}),
+                                                          (2_619_000_000, {**g0, "hostagent.gpu.clock": "memory"})]),
+        "hw.power": ("gauge", "W", [(512_345 * 1e-3, g0)]),
+        "hw.temperature": ("gauge", "Cel", [(61, g0)]),
+        "hostagent.gpu.throttle": ("gauge", "", [(1, {**g0, "hostagent.gpu.throttle_reason": "sw_power_cap"})]),
+        "hostagent.gpu.pcie.link": ("gauge", "", [(5, {**g0, "hostagent.pcie.field": "gen"}),
+                                                  (5, {**g0, "hostagent.pcie.field": "gen_max"}),
+                                                  (8, {**g0, "hostagent.pcie.field": "width"}),
+                                                  (16, {**g0, "hostagent.pcie.field": "width_max"})]),
+        "hostagent.gpu.pcie.replays": ("counter", "{replay}", [(3, g0)]),
+        "hostagent.gpu.process.memory.usage": ("gauge", "By", [(1 << 30, {**g0, "process.pid": 476})]),
+        "hostagent.gpu.xid.errors": ("counter", "{error}", [(2, {"hostagent.gpu.xid.code": 31})]),
+    }
+    assert got["hw.power"][2][0][0] == pytest.approx(512.345)

@@ -43,12 +43,12 @@ def ep(event, episode_id=1, gpu=GPU0, start_ns=1_000, end_ns=None, t_ns=None, ca
 
 
 def attrs(episode_id=1, gpu=GPU0, causes=("width_drop",), to_width=8, aer=()) -> dict:
-    a = {"mcp.pcie.episode_id": episode_id, "mcp.pcie.gpu_bdf": gpu, "mcp.pcie.link_bdf": BRIDGE,
-         "mcp.pcie.causes": list(causes), "mcp.pcie.from_gen": 5, "mcp.pcie.from_width": 16,
-         "mcp.pcie.to_gen": 5, "mcp.pcie.to_width": to_width, "mcp.pcie.ref_gen": 5, "mcp.pcie.ref_width": 16}
+    a = {"hostagent.pcie.episode_id": episode_id, "hostagent.pcie.gpu_bdf": gpu, "hostagent.pcie.link_bdf": BRIDGE,
+         "hostagent.pcie.causes": list(causes), "hostagent.pcie.from_gen": 5, "hostagent.pcie.from_width": 16,
+         "hostagent.pcie.to_gen": 5, "hostagent.pcie.to_width": to_width, "hostagent.pcie.ref_gen": 5, "hostagent.pcie.ref_width": 16}
     if aer:
-        a["mcp.pcie.aer_devices"] = [BRIDGE]
-        a.update({f"mcp.pcie.aer.{k}": v for k, v in aer})
+        a["hostagent.pcie.aer_devices"] = [BRIDGE]
+        a.update({f"hostagent.pcie.aer.{k}": v for k, v in aer})
     return a
 
 
@@ -69,8 +69,8 @@ def test_opened_updated_closed():
         ep("updated", start_ns=1_000, t_ns=2_000, causes=("width_drop", "aer_errors"), aer=aer),
         ep("closed", start_ns=1_000, t_ns=5_000, end_ns=5_000, to_width=16))
     assert tel.calls == [
-        ("open", ("pcie", 1), SpanSpec("mcp.pcie.link_episode", 1_000, None, attrs())),
-        ("event", ("pcie", 1), "mcp.pcie.link_update", 2_000, attrs(causes=("width_drop", "aer_errors"), aer=aer)),
+        ("open", ("pcie", 1), SpanSpec("hostagent.pcie.link_episode", 1_000, None, attrs())),
+        ("event", ("pcie", 1), "hostagent.pcie.link_update", 2_000, attrs(causes=("width_drop", "aer_errors"), aer=aer)),
         ("close", ("pcie", 1), attrs(to_width=16), 5_000),
     ]
     assert spans.episodes == {1: [GPU0, 1_000, 5_000]}
@@ -78,7 +78,7 @@ def test_opened_updated_closed():
 
 def test_opened_only_opens():
     spans, tel = spans_of(ep("opened", episode_id=7, gpu=GPU1, start_ns=300))
-    assert tel.calls == [("open", ("pcie", 7), SpanSpec("mcp.pcie.link_episode", 300, None,
+    assert tel.calls == [("open", ("pcie", 7), SpanSpec("hostagent.pcie.link_episode", 300, None,
                                                         attrs(episode_id=7, gpu=GPU1)))]
     assert spans.episodes == {7: [GPU1, 300, None]}
 
@@ -87,8 +87,8 @@ def test_an_update_of_an_episode_not_seen_opens_it_first():
     # e.g. telemetry attached after the judge opened it: the span starts at the episode's start
     spans, tel = spans_of(ep("updated", episode_id=3, start_ns=100, t_ns=900))
     assert tel.calls == [
-        ("open", ("pcie", 3), SpanSpec("mcp.pcie.link_episode", 100, None, attrs(episode_id=3))),
-        ("event", ("pcie", 3), "mcp.pcie.link_update", 900, attrs(episode_id=3)),
+        ("open", ("pcie", 3), SpanSpec("hostagent.pcie.link_episode", 100, None, attrs(episode_id=3))),
+        ("event", ("pcie", 3), "hostagent.pcie.link_update", 900, attrs(episode_id=3)),
     ]
     assert spans.episodes == {3: [GPU0, 100, None]}
 
@@ -96,7 +96,7 @@ def test_an_update_of_an_episode_not_seen_opens_it_first():
 def test_a_close_of_an_episode_not_seen_opens_and_closes_it():
     spans, tel = spans_of(ep("closed", episode_id=4, start_ns=100, t_ns=900, end_ns=800))
     assert tel.calls == [
-        ("open", ("pcie", 4), SpanSpec("mcp.pcie.link_episode", 100, None, attrs(episode_id=4))),
+        ("open", ("pcie", 4), SpanSpec("hostagent.pcie.link_episode", 100, None, attrs(episode_id=4))),
         ("close", ("pcie", 4), attrs(episode_id=4), 800),
     ]
     assert spans.episodes == {4: [GPU0, 100, 800]}
@@ -155,8 +155,8 @@ def test_active(events, active):
 # ---- evidence: links to the episodes of the request's GPUs that overlap its window ----
 
 def link(episode_id, bdf, t_ns) -> LinkSpec:
-    return LinkSpec(("pcie", episode_id), {"mcp.link.type": "pcie_link_episode", "mcp.pcie.gpu_bdf": bdf},
-                    EventSpec("mcp.pcie.link_episode", t_ns, {"mcp.pcie.gpu_bdf": bdf}), (None, "mcp.pcie.span_id"))
+    return LinkSpec(("pcie", episode_id), {"hostagent.link.type": "pcie_link_episode", "hostagent.pcie.gpu_bdf": bdf},
+                    EventSpec("hostagent.pcie.link_episode", t_ns, {"hostagent.pcie.gpu_bdf": bdf}), (None, "hostagent.pcie.span_id"))
 
 
 @pytest.fixture

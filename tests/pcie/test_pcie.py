@@ -181,7 +181,7 @@ def test_downtrain_under_load_is_reported_and_closes_on_retrain(sysroot):
     set_link(dev, speed="32.0")
     (closed,) = run(poller, judge, clock, BUSY_UTIL, 6)
     assert (closed.event, closed.episode_id, closed.end_ns, closed.to_gen) == ("closed", ep.episode_id, 6 * S, 5)
-    assert closed.attributes()["mcp.pcie.causes"] == ["speed_under_load"]
+    assert closed.attributes()["hostagent.pcie.causes"] == ["speed_under_load"]
 
 
 def test_width_drop_is_degradation_even_idle(sysroot):
@@ -491,7 +491,7 @@ def test_decode_link_event():
     rec = decode_link_event(raw)
     assert (rec.port, rec.reason, rec.speed_gts, rec.max_speed_gts, rec.width) == ("0000:00:1c.0", "bwctrl_irq", 16.0,
                                                                                    32.0, 8)
-    assert rec.attributes()["mcp.pcie.to_gen"] == 4
+    assert rec.attributes()["hostagent.pcie.to_gen"] == 4
     odd = decode_link_event(build_tp_record(PCIE_LINK_EVENT_FORMAT, {"reason": 9, "cur_bus_speed": 0xFF},
                                             {"port_name": "x"}))
     assert (odd.reason, odd.speed_gts) == ("reason9", None)
@@ -555,7 +555,7 @@ def test_aer_event_on_a_device_with_counters_is_not_counted_twice(sysroot):
 
 
 def test_nvml_xid_span_event_has_no_message_attribute():
-    """NVML's Xid events carry no driver text: the span event leaves mcp.gpu.xid.message off rather
+    """NVML's Xid events carry no driver text: the span event leaves hostagent.gpu.xid.message off rather
     than handing OTel a None (which it drops with a warning)."""
     from mcp_hostagent.gpuhealth.capability import GpuHealth
     from mcp_hostagent.gpuhealth.xid import XidEvent
@@ -564,5 +564,5 @@ def test_nvml_xid_span_event_has_no_message_attribute():
     g.xids.append(XidEvent(100, 0, "GPU-x", "0000:00:06.0", 31, pid=4242))
     g.xids.append(XidEvent(200, 0, "GPU-x", "0000:00:06.0", 79, source="bpf", msg="fallen off the bus", pid=4242))
     (a, b) = [attrs for _, _, attrs in g.events_between(4242, 0, 1000)]
-    assert a == {"mcp.gpu.xid": 31, "mcp.gpu.pci_bus_id": "0000:00:06.0", "mcp.gpu.xid.source": "nvml"}
-    assert b["mcp.gpu.xid.message"] == "fallen off the bus"
+    assert a == {"hostagent.gpu.xid.code": 31, "hostagent.gpu.pci_bus_id": "0000:00:06.0", "hostagent.gpu.xid.source": "nvml"}
+    assert b["hostagent.gpu.xid.message"] == "fallen off the bus"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mcp_hostagent.reclaim.rule import KswapdTracker, StormDetector, Thresholds, Window
+from mcp_hostagent.telemetry.spec import Log2Buckets
 
 S = 1_000_000_000  # one window: 1 s in ns
 MS = 1_000_000
@@ -138,7 +139,7 @@ class _Tel:
         self.calls.append(("open", key, spec.name, spec.attributes))
 
     def close(self, key, attrs, end_ns):
-        self.calls.append(("close", key, attrs.get("mcp.storm.windows"), end_ns))
+        self.calls.append(("close", key, attrs.get("hostagent.storm.windows"), end_ns))
 
     def forget(self, key):
         self.calls.append(("forget", key))
@@ -165,12 +166,12 @@ def test_request_evidence_links_exactly_the_episodes_its_window_overlaps():
     cg = Episode("/sys/fs/cgroup/job", 5_000)
     rc._open(cg)
     assert [c[0] for c in rc.telemetry.calls] == ["open", "close", "open"]
-    assert rc.telemetry.calls[2][3] == {"mcp.storm.scope": "/sys/fs/cgroup/job", "mcp.cgroup.path": "/sys/fs/cgroup/job"}
+    assert rc.telemetry.calls[2][3] == {"hostagent.storm.scope": "/sys/fs/cgroup/job", "hostagent.cgroup.path": "/sys/fs/cgroup/job"}
     assert rc.open_storms() == [cg]
 
     def links(t0, t1):
         ev = rc.evidence(SimpleNamespace(begin_ns=t0, end_ns=t1))
-        return [(ln.key, ln.attributes["mcp.storm.scope"], ln.event.t_ns) for ln in ev.links]
+        return [(ln.key, ln.attributes["hostagent.storm.scope"], ln.event.t_ns) for ln in ev.links]
 
     assert links(1_500, 1_800) == [(("storm", 1), "host", 1_500)]
     assert links(500, 1_200) == [(("storm", 1), "host", 1_000)]  # the event at the episode's start
@@ -179,7 +180,9 @@ def test_request_evidence_links_exactly_the_episodes_its_window_overlaps():
     assert links(0, 1_000) == []  # ends as the episode starts: no overlap
     rc.kswapd.wake(0, 1_000)
     rc.kswapd.sleep(0, 1_400)
-    assert rc.evidence(SimpleNamespace(begin_ns=1_200, end_ns=2_000)).attributes == {"mcp.reclaim.kswapd_overlap_ns": 200}
+    # kswapd awake 1_000..1_400 ns, the request 1_200..2_000: 200 ns together, in seconds
+    assert rc.evidence(SimpleNamespace(begin_ns=1_200, end_ns=2_000)).attributes == {
+        "hostagent.reclaim.kswapd.overlap.time": 200 / 1e9}
     assert _reclaim(kswapd_attached=False).evidence(SimpleNamespace(begin_ns=0, end_ns=9)).attributes == {}
 
 
@@ -213,9 +216,9 @@ HOST_CG = "/system.slice/batch.service"
 
 
 @pytest.mark.parametrize("path,attrs", [
-    (POD_CG, {"mcp.cgroup.path": POD_CG, "container.id": CTR, "k8s.pod.uid": POD_UID}),
-    (POD_ONLY_CG, {"mcp.cgroup.path": POD_ONLY_CG, "k8s.pod.uid": POD_UID}),
-    (HOST_CG, {"mcp.cgroup.path": HOST_CG}),
+    (POD_CG, {"hostagent.cgroup.path": POD_CG, "container.id": CTR, "k8s.pod.uid": POD_UID}),
+    (POD_ONLY_CG, {"hostagent.cgroup.path": POD_ONLY_CG, "k8s.pod.uid": POD_UID}),
+    (HOST_CG, {"hostagent.cgroup.path": HOST_CG}),
 ])
 def test_cgroup_attrs(path, attrs):
     from mcp_hostagent.reclaim.telemetry import cgroup_attrs
@@ -229,34 +232,39 @@ def test_window_rows():
     t = {"direct_ns": 5_000, "directs": 2, "memcg_ns": 700, "memcgs": 1, "kswapd_wakeups": 3,
          "scan_kswapd": 100, "steal_kswapd": 90, "scan_direct": 40, "steal_direct": 30, "scan_memcg": 8,
          "steal_memcg": 6}
-    hist = {("memcg", 1 << 20): 1, ("direct", 1 << 22): 4, ("direct", 1 << 21): 2}
+    hist = {("memcg", 20): 1, ("direct", 22): 4, ("direct", 21): 2}  # (kind, log2 slot) -> stalls
     psi = {"some": {"avg10": 1.5, "avg60": 0.5, "avg300": 0.1, "total": 999}, "full": {"avg60": 0.2}}
     rows = window_rows(t, hist, {1: 0.25, 0: 0.5}, {1: 0.1, 0: 0.02}, psi, {"host": True, POD_CG: False},
                        {POD_CG: [1_000, 2_000], HOST_CG: [0, 5]}, {"pgfault": 1_000, "pgmajfault": 30, "pswpin": 7})
-    pod = {"mcp.cgroup.path": POD_CG, "container.id": CTR, "k8s.pod.uid": POD_UID}
+    pod = {"hostagent.cgroup.path": POD_CG, "container.id": CTR, "k8s.pod.uid": POD_UID}
     assert rows == {
-        "mcp.reclaim.stall_ns": [(5_000, {"mcp.reclaim.kind": "direct"}), (700, {"mcp.reclaim.kind": "memcg"})],
-        "mcp.reclaim.stalls": [(2, {"mcp.reclaim.kind": "direct", "mcp.stall.le_ns": 1 << 21}),
-                               (4, {"mcp.reclaim.kind": "direct", "mcp.stall.le_ns": 1 << 22}),
-                               (1, {"mcp.reclaim.kind": "memcg", "mcp.stall.le_ns": 1 << 20})],
-        "mcp.reclaim.pages": [(100, {"mcp.reclaim.by": "kswapd", "mcp.reclaim.op": "scanned"}),
-                              (90, {"mcp.reclaim.by": "kswapd", "mcp.reclaim.op": "reclaimed"}),
-                              (40, {"mcp.reclaim.by": "direct", "mcp.reclaim.op": "scanned"}),
-                              (30, {"mcp.reclaim.by": "direct", "mcp.reclaim.op": "reclaimed"}),
-                              (8, {"mcp.reclaim.by": "memcg", "mcp.reclaim.op": "scanned"}),
-                              (6, {"mcp.reclaim.by": "memcg", "mcp.reclaim.op": "reclaimed"})],
-        "mcp.reclaim.kswapd.active_ratio": [(0.5, {"mcp.numa.node": 0}), (0.25, {"mcp.numa.node": 1})],
-        "mcp.reclaim.kswapd.cpu_ratio": [(0.02, {"mcp.numa.node": 0}), (0.1, {"mcp.numa.node": 1})],
-        "mcp.memory.psi.avg10": [(1.5, {"mcp.psi.kind": "some", "mcp.psi.scope": "host"}),
-                                 (0.0, {"mcp.psi.kind": "full", "mcp.psi.scope": "host"})],
-        "mcp.reclaim.storm.active": [(1, {"mcp.storm.scope": "host"}), (0, {"mcp.storm.scope": POD_CG})],
-        "mcp.cgroup.reclaim_stall_ns": [(1_000, {**pod, "mcp.reclaim.kind": "direct"}),
-                                        (2_000, {**pod, "mcp.reclaim.kind": "memcg"}),
-                                        (0, {"mcp.cgroup.path": HOST_CG, "mcp.reclaim.kind": "direct"}),
-                                        (5, {"mcp.cgroup.path": HOST_CG, "mcp.reclaim.kind": "memcg"})],
-        "mcp.host.page_faults": [(970, {"mcp.fault.type": "minor"}), (30, {"mcp.fault.type": "major"})],
+        "hostagent.reclaim.stall.time": [(5_000 / 1e9, {"hostagent.reclaim.kind": "direct"}),
+                                         (700 / 1e9, {"hostagent.reclaim.kind": "memcg"})],
+        # one kernel-bucketed histogram per kind, its slots as the kernel counted them
+        "hostagent.reclaim.stall.duration": [(Log2Buckets({21: 2, 22: 4}), {"hostagent.reclaim.kind": "direct"}),
+                                             (Log2Buckets({20: 1}), {"hostagent.reclaim.kind": "memcg"})],
+        "hostagent.reclaim.pages": [(100, {"hostagent.reclaim.by": "kswapd", "hostagent.reclaim.op": "scanned"}),
+                              (90, {"hostagent.reclaim.by": "kswapd", "hostagent.reclaim.op": "reclaimed"}),
+                              (40, {"hostagent.reclaim.by": "direct", "hostagent.reclaim.op": "scanned"}),
+                              (30, {"hostagent.reclaim.by": "direct", "hostagent.reclaim.op": "reclaimed"}),
+                              (8, {"hostagent.reclaim.by": "memcg", "hostagent.reclaim.op": "scanned"}),
+                              (6, {"hostagent.reclaim.by": "memcg", "hostagent.reclaim.op": "reclaimed"})],
+        "hostagent.reclaim.kswapd.utilization": [(0.5, {"hostagent.numa.node": 0}), (0.25, {"hostagent.numa.node": 1})],
+        "hostagent.reclaim.kswapd.cpu.utilization": [(0.02, {"hostagent.numa.node": 0}), (0.1, {"hostagent.numa.node": 1})],
+        "hostagent.memory.pressure.avg10": [(0.015, {"hostagent.psi.kind": "some", "hostagent.psi.scope": "host"}),
+                                 (0.0, {"hostagent.psi.kind": "full", "hostagent.psi.scope": "host"})],
+        "hostagent.reclaim.storm.active": [(1, {"hostagent.storm.scope": "host"}), (0, {"hostagent.storm.scope": POD_CG})],
+        "hostagent.cgroup.reclaim.stall.time": [(1_000 / 1e9, {**pod, "hostagent.reclaim.kind": "direct"}),
+                                                (2_000 / 1e9, {**pod, "hostagent.reclaim.kind": "memcg"}),
+                                                (0.0, {"hostagent.cgroup.path": HOST_CG, "hostagent.reclaim.kind": "direct"}),
+                                                (5 / 1e9, {"hostagent.cgroup.path": HOST_CG, "hostagent.reclaim.kind": "memcg"})],
+        "system.paging.faults": [(970, {"system.paging.fault.type": "minor"}),
+                                 (30, {"system.paging.fault.type": "major"})],
     }
-    assert [type(v) for v, _ in rows["mcp.reclaim.storm.active"]] == [int, int]  # 1 / 0, not True / False
+    # times in seconds (floats), counts stay integers
+    assert all(isinstance(v, float) for v, _ in rows["hostagent.reclaim.stall.time"] + rows["hostagent.cgroup.reclaim.stall.time"])
+    assert all(isinstance(v, int) for v, _ in rows["system.paging.faults"] + rows["hostagent.reclaim.pages"])
+    assert [type(v) for v, _ in rows["hostagent.reclaim.storm.active"]] == [int, int]  # 1 / 0, not True / False
 
 
 def test_window_rows_of_a_quiet_host_without_psi_or_vmstat():
@@ -266,23 +274,23 @@ def test_window_rows_of_a_quiet_host_without_psi_or_vmstat():
                        "scan_memcg", "steal_memcg"), 0)
     rows = window_rows(t, {}, {}, {}, {}, {}, {}, {})
     assert rows == {
-        "mcp.reclaim.stall_ns": [(0, {"mcp.reclaim.kind": "direct"}), (0, {"mcp.reclaim.kind": "memcg"})],
-        "mcp.reclaim.stalls": [],
-        "mcp.reclaim.pages": [(0, {"mcp.reclaim.by": by, "mcp.reclaim.op": op})
+        "hostagent.reclaim.stall.time": [(0.0, {"hostagent.reclaim.kind": "direct"}), (0.0, {"hostagent.reclaim.kind": "memcg"})],
+        "hostagent.reclaim.stall.duration": [],
+        "hostagent.reclaim.pages": [(0, {"hostagent.reclaim.by": by, "hostagent.reclaim.op": op})
                               for by in ("kswapd", "direct", "memcg") for op in ("scanned", "reclaimed")],
-        "mcp.reclaim.kswapd.active_ratio": [],
-        "mcp.reclaim.kswapd.cpu_ratio": [],
-        "mcp.memory.psi.avg10": [],
-        "mcp.reclaim.storm.active": [],
-        "mcp.cgroup.reclaim_stall_ns": [],
-        "mcp.host.page_faults": [(0, {"mcp.fault.type": "minor"}), (0, {"mcp.fault.type": "major"})],
+        "hostagent.reclaim.kswapd.utilization": [],
+        "hostagent.reclaim.kswapd.cpu.utilization": [],
+        "hostagent.memory.pressure.avg10": [],
+        "hostagent.reclaim.storm.active": [],
+        "hostagent.cgroup.reclaim.stall.time": [],
+        "system.paging.faults": [(0, {"system.paging.fault.type": "minor"}), (0, {"system.paging.fault.type": "major"})],
     }
 
 
 @pytest.mark.parametrize("scope,attrs", [
-    ("host", {"mcp.storm.scope": "host"}),  # host-wide: no cgroup attributes
-    (POD_CG, {"mcp.storm.scope": POD_CG, "mcp.cgroup.path": POD_CG, "container.id": CTR, "k8s.pod.uid": POD_UID}),
-    (HOST_CG, {"mcp.storm.scope": HOST_CG, "mcp.cgroup.path": HOST_CG}),
+    ("host", {"hostagent.storm.scope": "host"}),  # host-wide: no cgroup attributes
+    (POD_CG, {"hostagent.storm.scope": POD_CG, "hostagent.cgroup.path": POD_CG, "container.id": CTR, "k8s.pod.uid": POD_UID}),
+    (HOST_CG, {"hostagent.storm.scope": HOST_CG, "hostagent.cgroup.path": HOST_CG}),
 ])
 def test_storm_span_opens_at_the_start_with_the_scope_attributes(scope, attrs):
     from mcp_hostagent.reclaim.rule import Episode
@@ -290,7 +298,7 @@ def test_storm_span_opens_at_the_start_with_the_scope_attributes(scope, attrs):
     from mcp_hostagent.telemetry.spec import SpanSpec
 
     ep = Episode(scope, 7 * S, end_ns=9 * S, windows=2, peak_kswapd_ratio=0.9, closed=True)
-    assert storm_span(ep) == SpanSpec("mcp.reclaim_storm", 7 * S, None, attrs)
+    assert storm_span(ep) == SpanSpec("hostagent.reclaim_storm", 7 * S, None, attrs)
 
 
 def test_episode_attributes():
@@ -301,10 +309,11 @@ def test_episode_attributes():
                  peak_memcg_ms_per_s=0.0004, totals={"pgscan_direct": 100, "allocstall": 4},
                  peaks={"psi_some_avg10": 12.5, "psi_full_avg10": 0.0}, closed=True)
     assert episode_attributes(ep) == {
-        "mcp.storm.scope": "host", "mcp.storm.windows": 3, "mcp.storm.peak.kswapd_ratio": 0.1235,
-        "mcp.storm.peak.direct_stall_ms_per_s": 12.346, "mcp.storm.peak.memcg_stall_ms_per_s": 0.0,
-        "mcp.storm.pgscan_direct": 100, "mcp.storm.allocstall": 4,
-        "mcp.storm.peak.psi_some_avg10": 12.5, "mcp.storm.peak.psi_full_avg10": 0.0}
+        "hostagent.storm.scope": "host", "hostagent.storm.windows": 3, "hostagent.storm.peak.kswapd.utilization": 0.1235,
+        # stall ms per s of window -> s per s (a ratio), rounded to 6 places; PSI percent -> ratio
+        "hostagent.storm.peak.direct_stall.ratio": 0.012346, "hostagent.storm.peak.memcg_stall.ratio": 0.0,
+        "hostagent.storm.pgscan_direct": 100, "hostagent.storm.allocstall": 4,
+        "hostagent.storm.peak.psi_some_avg10": 0.125, "hostagent.storm.peak.psi_full_avg10": 0.0}
 
 
 def test_episode_attributes_of_a_detected_cgroup_episode():
@@ -314,9 +323,9 @@ def test_episode_attributes_of_a_detected_cgroup_episode():
     det.feed(win(0, memcg_ms=25, pgscan_direct=10, psi_some_avg10=4.0))
     det.feed(win(1, memcg_ms=12.5, kswapd=0.3, pgscan_direct=5, psi_some_avg10=6.25))
     assert episode_attributes(det.episode) == {
-        "mcp.storm.scope": POD_CG, "mcp.storm.windows": 2, "mcp.storm.peak.kswapd_ratio": 0.3,
-        "mcp.storm.peak.direct_stall_ms_per_s": 0.0, "mcp.storm.peak.memcg_stall_ms_per_s": 25.0,
-        "mcp.storm.pgscan_direct": 15, "mcp.storm.peak.psi_some_avg10": 6.25}
+        "hostagent.storm.scope": POD_CG, "hostagent.storm.windows": 2, "hostagent.storm.peak.kswapd.utilization": 0.3,
+        "hostagent.storm.peak.direct_stall.ratio": 0.0, "hostagent.storm.peak.memcg_stall.ratio": 0.025,
+        "hostagent.storm.pgscan_direct": 15, "hostagent.storm.peak.psi_some_avg10": 0.0625}
 
 
 def test_a_long_storm_that_closes_last_is_kept_for_the_requests_it_overlapped():

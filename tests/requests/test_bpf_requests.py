@@ -13,6 +13,8 @@ import pytest
 
 from opentelemetry.trace import StatusCode
 
+from conftest import identity_on_resource_only
+
 pytestmark = pytest.mark.bpf
 
 WORKLOAD = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workloads", "marked_child.py")
@@ -60,8 +62,8 @@ def test_faults_in_request_match_proc_minflt(agent, child):
     f0 = sum(child.stat_faults())
     child.do(f"begin 101 {TP}", f"touch {n}", "end 101")
     f1 = sum(child.stat_faults())
-    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "mcp.request.id": f"{101:016x}"})
-    got = span.attributes["mcp.faults.user"]
+    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{101:016x}"})
+    got = span.attributes["hostagent.faults.user"]
     # Tolerance: the /proc delta also covers the interpreter's work between the stdin handshake and
     # the begin marker (and after the end); a fault retried after VM_FAULT_RETRY fires the
     # tracepoint twice but counts once in minflt. Neither amounts to more than a few faults.
@@ -71,13 +73,16 @@ def test_faults_in_request_match_proc_minflt(agent, child):
 
 def test_span_parent_and_identity(agent, child):
     child.do(f"begin 102 {TP}", "spin 5", "end 102")
-    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "mcp.request.id": f"{102:016x}"})
+    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{102:016x}"})
     assert span.context.trace_id == int(TP.split("-")[1], 16)
     assert span.parent.span_id == int(TP.split("-")[2], 16)
     assert span.parent.is_remote
     assert span.attributes["thread.id"] == child.pid
-    assert span.attributes["mcp.request.traceparent"] == "valid"
-    assert span.attributes["process.executable.name"].startswith("python")
+    assert span.attributes["hostagent.request.traceparent"] == "valid"
+    res = identity_on_resource_only(span)  # the process's identity is the span's resource
+    assert res["process.pid"] == child.pid
+    assert res["process.executable.name"].startswith("python")
+    assert res["service.name"] and res["service.instance.id"]  # the agent's own resource, merged
     assert span.end_time - span.start_time >= 5_000_000
     assert span.status.status_code != StatusCode.ERROR
 
@@ -87,20 +92,21 @@ def test_switches_and_offcpu_match_proc_status(agent, child):
     v0, i0 = child.switches()
     child.do("begin 103", f"sleep {k} 2", "spin 30", "end 103")
     v1, i1 = child.switches()
-    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "mcp.request.id": f"{103:016x}"})
+    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{103:016x}"})
     a = span.attributes
     # /proc counts from one handshake to the next; the child blocks on stdin once after `end`, and
     # may be preempted around the markers: so the kernel's delta may exceed ours by a couple.
-    assert a["mcp.ctx_switches.voluntary"] >= k
-    assert 0 <= (v1 - v0) - a["mcp.ctx_switches.voluntary"] <= 2, (a, v1 - v0)
-    assert 0 <= (i1 - i0) - a["mcp.ctx_switches.involuntary"] <= 2, (a, i1 - i0)
-    assert a["mcp.offcpu_ns"] >= k * 2_000_000
-    assert a["mcp.offcpu_ns"] <= span.end_time - span.start_time
+    assert a["hostagent.context_switches.voluntary"] >= k
+    assert 0 <= (v1 - v0) - a["hostagent.context_switches.voluntary"] <= 2, (a, v1 - v0)
+    assert 0 <= (i1 - i0) - a["hostagent.context_switches.involuntary"] <= 2, (a, i1 - i0)
+    # seconds: the kernel's ns / 1e9 (division keeps the order, so these bounds stay exact)
+    assert a["hostagent.offcpu.time"] >= (k * 2_000_000) / 1e9
+    assert a["hostagent.offcpu.time"] <= (span.end_time - span.start_time) / 1e9
 
 
 def test_per_process_counters_match_minflt(agent, child):
     child.do("begin 104", "end 104")  # marking puts the process in the kernel's watch set
-    agent.wait_spans(1, **{"process.pid": child.pid, "mcp.request.id": f"{104:016x}"})
+    agent.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{104:016x}"})
     table = agent.agent.bpf[b"proc_stats"]
     import ctypes
 
@@ -115,8 +121,8 @@ def test_per_process_counters_match_minflt(agent, child):
 
 def test_thread_exit_inside_request_ends_span_with_error(agent, child):
     child.do("thread_exit 105")
-    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "mcp.request.id": f"{105:016x}"})
-    assert span.attributes["mcp.request.end_reason"] == "thread_exit"
+    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{105:016x}"})
+    assert span.attributes["hostagent.request.end_reason"] == "thread_exit"
     assert span.attributes["thread.id"] != child.pid
     assert span.status.status_code == StatusCode.ERROR
 
@@ -125,8 +131,8 @@ def test_process_exit_inside_request_ends_span_with_error(agent, child):
     child.do("begin 106")
     child.p.stdin.close()  # EOF: the child returns from main with request 106 still open
     child.p.wait(10)
-    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "mcp.request.id": f"{106:016x}"})
-    assert span.attributes["mcp.request.end_reason"] == "thread_exit"
+    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{106:016x}"})
+    assert span.attributes["hostagent.request.end_reason"] == "thread_exit"
     assert span.status.status_code == StatusCode.ERROR
 
 
@@ -138,18 +144,18 @@ def test_bad_markers_are_counted_not_fatal(agent, child):
     assert agent.kernel_stat("mark_fault") - fault0 == 1
     assert agent.kernel_stat("end_no_begin") - nobegin0 == 1
     child.do("begin 107 00-zz-not-a-traceparent", "end 107")
-    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "mcp.request.id": f"{107:016x}"})
-    assert span.attributes["mcp.request.traceparent"] == "invalid"
+    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{107:016x}"})
+    assert span.attributes["hostagent.request.traceparent"] == "invalid"
     assert span.parent is None
     assert agent.agent.health.rejected["bad_traceparent"] >= 1
 
 
 def test_unbalanced_begin_supersedes(agent, child):
     child.do("begin 108", "begin 109", "end 109")
-    (old,) = agent.wait_spans(1, **{"process.pid": child.pid, "mcp.request.id": f"{108:016x}"})
-    (new,) = agent.wait_spans(1, **{"process.pid": child.pid, "mcp.request.id": f"{109:016x}"})
-    assert old.attributes["mcp.request.end_reason"] == "superseded"
-    assert new.attributes["mcp.request.end_reason"] == "marked"
+    (old,) = agent.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{108:016x}"})
+    (new,) = agent.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{109:016x}"})
+    assert old.attributes["hostagent.request.end_reason"] == "superseded"
+    assert new.attributes["hostagent.request.end_reason"] == "marked"
 
 
 def test_a_thread_cannot_end_another_threads_request(agent):
@@ -174,9 +180,9 @@ def test_a_thread_cannot_end_another_threads_request(agent):
     assert agent.kernel_stat("end_no_begin") == before + 1
     b_done.set()
     t.join()
-    (span,) = agent.wait_spans(1, **{"mcp.request.id": f"{110:016x}"})
+    (span,) = agent.wait_spans(1, **{"hostagent.request.id": f"{110:016x}"})
     assert span.attributes["thread.id"] == tids["a"]
-    assert span.attributes["mcp.request.end_reason"] == "marked"
+    assert span.attributes["hostagent.request.end_reason"] == "marked"
 
 
 def test_flood_and_cap_are_bounded(make_agent):
@@ -219,10 +225,10 @@ def test_idle_requests_expire(make_agent):
 
     t = threading.Thread(target=hold)
     t.start()
-    spans = a.wait_spans(1, timeout=15, **{"mcp.request.id": f"{111:016x}"})
+    spans = a.wait_spans(1, timeout=15, **{"hostagent.request.id": f"{111:016x}"})
     done.set()
     t.join()
-    assert spans and spans[0].attributes["mcp.request.end_reason"] == "expired"
+    assert spans and spans[0].attributes["hostagent.request.end_reason"] == "expired"
     assert spans[0].status.status_code == StatusCode.ERROR
 
 
@@ -234,7 +240,25 @@ def test_marker_from_c(agent, tmp_path):
     exe = tmp_path / "mark_request"
     subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{bpf_source_dir()}", "-o", str(exe), src], check=True)
     out = subprocess.run([str(exe), "0x1234", TP, "500"], check=True, capture_output=True, text=True).stdout
-    (span,) = agent.wait_spans(1, **{"process.pid": int(out), "mcp.request.id": f"{0x1234:016x}"})
+    (span,) = agent.wait_spans(1, **{"process.pid": int(out), "hostagent.request.id": f"{0x1234:016x}"})
     assert span.context.trace_id == int(TP.split("-")[1], 16)
-    assert 500 <= span.attributes["mcp.faults.user"] <= 510  # 500 first touches, plus libc's own
-    assert span.attributes["process.executable.name"] == "mark_request"
+    assert 500 <= span.attributes["hostagent.faults.user"] <= 510  # 500 first touches, plus libc's own
+    assert identity_on_resource_only(span)["process.executable.name"] == "mark_request"
+
+
+def test_a_wall_clock_step_reaches_span_times_within_a_tick(agent, child):
+    """The kernel's clock is CLOCK_MONOTONIC; the offset to CLOCK_REALTIME is re-sampled every tick
+    (core/timebase.py), so a step of the wall clock (NTP, a VM restored from a snapshot) does not
+    leave every later span off by it."""
+    import time
+
+    tb = agent.agent.timebase
+    tb.offset_ns -= 3_600 * 10**9  # as if the wall clock had been stepped an hour since the agent sampled it
+    deadline = time.monotonic() + 5
+    while abs(tb.offset_ns - (time.time_ns() - time.monotonic_ns())) > 1_000_000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.time_ns()
+    child.do("begin 112", "spin 5", "end 112")
+    t1 = time.time_ns()
+    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{112:016x}"})
+    assert t0 - 5_000_000 <= span.start_time <= span.end_time <= t1 + 5_000_000, (t0, span.start_time, t1)

@@ -1,5 +1,5 @@
-"""agent/requests/telemetry.py: finished requests -> the request span spec, its stall children, the
-duration histogram row (docs/TELEMETRY.md); and the joiner counting its refusals into the Counter it is
+"""agent/requests/telemetry.py: finished requests -> the request span spec (the process's identity as
+its resource, kernel ns as seconds), its stall children, the duration histogram row (docs/TELEMETRY.md); and the joiner counting its refusals into the Counter it is
 given (agent/requests/capability.py hands it health.rejected)."""
 
 from __future__ import annotations
@@ -18,38 +18,49 @@ from mcp_hostagent.requests.traceparent import TraceParent
 from mcp_hostagent.telemetry.spec import EventSpec, LinkSpec, SpanSpec
 
 PARENT = TraceParent(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, 1)
-PROC = {"process.executable.name": "srv", "process.owner": "alice"}
+PROC = {"process.pid": 10, "process.executable.name": "srv", "process.owner": "alice",
+        "process.command_line": "srv --port 80", "container.id": "c1"}
 
 # every counter field's attribute, as docs/TELEMETRY.md names them
 DOC_NAMES = {
-    "faults": "mcp.faults.user",
-    "vcsw": "mcp.ctx_switches.voluntary",
-    "ivcsw": "mcp.ctx_switches.involuntary",
-    "offcpu_ns": "mcp.offcpu_ns",
-    "direct_reclaims": "mcp.reclaim.direct.count",
-    "direct_reclaim_ns": "mcp.reclaim.direct.stall_ns",
-    "memcg_reclaims": "mcp.reclaim.memcg.count",
-    "memcg_reclaim_ns": "mcp.reclaim.memcg.stall_ns",
-    "reclaimed_pages": "mcp.reclaim.pages",
-    "kswapd_wakeups": "mcp.reclaim.kswapd_wakeups",
-    "cu_launch": "mcp.cuda.launches.cuLaunchKernel",
-    "cu_launch_ptsz": "mcp.cuda.launches.cuLaunchKernel_ptsz",
-    "cu_launch_ex": "mcp.cuda.launches.cuLaunchKernelEx",
-    "cu_launch_ex_ptsz": "mcp.cuda.launches.cuLaunchKernelEx_ptsz",
-    "cu_graph_launch": "mcp.cuda.graph_launches",
-    "cu_ctx_ops": "mcp.cuda.ctx.count",
-    "cu_ctx_ns": "mcp.cuda.ctx.ns",
-    "cu_syncs": "mcp.cuda.sync.count",
-    "cu_sync_ns": "mcp.cuda.sync.wait_ns",
-    "cu_allocs": "mcp.cuda.alloc.count",
-    "cu_alloc_ns": "mcp.cuda.alloc.ns",
-    "cu_frees": "mcp.cuda.free.count",
-    "cu_free_ns": "mcp.cuda.free.ns",
-    "nv_ioctls": "mcp.nvidia.ioctl.count",
-    "nv_ioctl_ns": "mcp.nvidia.ioctl.ns",
-    "sampled": "mcp.cuda.sampled",
+    "faults": "hostagent.faults.user",
+    "vcsw": "hostagent.context_switches.voluntary",
+    "ivcsw": "hostagent.context_switches.involuntary",
+    "offcpu_ns": "hostagent.offcpu.time",
+    "direct_reclaims": "hostagent.reclaim.direct.count",
+    "direct_reclaim_ns": "hostagent.reclaim.direct.stall.time",
+    "memcg_reclaims": "hostagent.reclaim.memcg.count",
+    "memcg_reclaim_ns": "hostagent.reclaim.memcg.stall.time",
+    "reclaimed_pages": "hostagent.reclaim.pages",
+    "kswapd_wakeups": "hostagent.reclaim.kswapd_wakeups",
+    "cu_launch": "hostagent.cuda.launches.cuLaunchKernel",
+    "cu_launch_ptsz": "hostagent.cuda.launches.cuLaunchKernel_ptsz",
+    "cu_launch_ex": "hostagent.cuda.launches.cuLaunchKernelEx",
+    "cu_launch_ex_ptsz": "hostagent.cuda.launches.cuLaunchKernelEx_ptsz",
+    "cu_graph_launch": "hostagent.cuda.graph_launches",
+    "cu_ctx_ops": "hostagent.cuda.ctx.count",
+    "cu_ctx_ns": "hostagent.cuda.ctx.time",
+    "cu_syncs": "hostagent.cuda.sync.count",
+    "cu_sync_ns": "hostagent.cuda.sync.time",
+    "cu_allocs": "hostagent.cuda.alloc.count",
+    "cu_alloc_ns": "hostagent.cuda.alloc.time",
+    "cu_frees": "hostagent.cuda.free.count",
+    "cu_free_ns": "hostagent.cuda.free.time",
+    "nv_ioctls": "hostagent.nvidia.ioctl.count",
+    "nv_ioctl_ns": "hostagent.nvidia.ioctl.time",
+    "sampled": "hostagent.cuda.sampled",
+    "offcpu_runnable_ns": "hostagent.offcpu.runnable.time",
 }
-FOUR = {"mcp.faults.user": 0, "mcp.ctx_switches.voluntary": 0, "mcp.ctx_switches.involuntary": 0, "mcp.offcpu_ns": 0}
+# the fields the kernel counts in ns, exported in seconds (names end in .time, never in a unit)
+DOC_TIME_FIELDS = {"offcpu_ns", "direct_reclaim_ns", "memcg_reclaim_ns", "cu_ctx_ns", "cu_sync_ns", "cu_alloc_ns",
+                   "cu_free_ns", "nv_ioctl_ns", "offcpu_runnable_ns"}
+FOUR = {"hostagent.faults.user": 0, "hostagent.context_switches.voluntary": 0,
+        "hostagent.context_switches.involuntary": 0, "hostagent.offcpu.time": 0.0}
+
+
+def s_(ns: int) -> float:
+    """ns as the agent exports it: seconds."""
+    return ns / 1e9
 
 
 def hdr(tid=11, ts_ns=0, tgid=10) -> Header:
@@ -67,9 +78,9 @@ def finished(counters=Counters(), end_reason="marked", stalls=(), parent=PARENT,
                            end_reason=end_reason, counters=counters, stalls=stalls)
 
 
-BASE = {"process.executable.name": "srv", "process.owner": "alice", "process.pid": 10, "thread.id": 11,
-        "mcp.request.id": "0000000000000abc", "mcp.request.end_reason": "marked",
-        "mcp.request.traceparent": "valid", "mcp.cgroup.id": 4242}
+BASE = {"process.pid": 10, "thread.id": 11,
+        "hostagent.request.id": "0000000000000abc", "hostagent.request.end_reason": "marked",
+        "hostagent.request.traceparent": "valid", "hostagent.cgroup.id": 4242}
 
 
 # ---- request_attributes ----
@@ -78,99 +89,119 @@ def test_counter_attributes_cover_every_counter_field_by_its_documented_name():
     assert T.COUNTER_ATTRS == DOC_NAMES
     assert set(T.COUNTER_ATTRS) == set(COUNTER_FIELDS)
     assert T.ALWAYS_SHOWN == {"faults", "vcsw", "ivcsw", "offcpu_ns"}
+    assert T.TIME_FIELDS == DOC_TIME_FIELDS
+    assert all(DOC_NAMES[f].endswith(".time") for f in DOC_TIME_FIELDS)
+    assert not any(n.endswith((".time", "_ns", "_ms")) for f, n in DOC_NAMES.items() if f not in DOC_TIME_FIELDS)
 
 
 @pytest.mark.parametrize("counters,shown", [
     # nothing counted: the foundation's four, zeros included; nothing else
     (Counters(), FOUR),
-    (Counters(faults=3, vcsw=1, ivcsw=2, offcpu_ns=300), {"mcp.faults.user": 3, "mcp.ctx_switches.voluntary": 1,
-                                                           "mcp.ctx_switches.involuntary": 2, "mcp.offcpu_ns": 300}),
+    (Counters(faults=3, vcsw=1, ivcsw=2, offcpu_ns=300), {"hostagent.faults.user": 3, "hostagent.context_switches.voluntary": 1,
+                                                           "hostagent.context_switches.involuntary": 2,
+                                                           "hostagent.offcpu.time": s_(300)}),
     # reclaim and CUDA fields only when non-zero
     (Counters(direct_reclaims=2, direct_reclaim_ns=5_000_000, reclaimed_pages=64),
-     {**FOUR, "mcp.reclaim.direct.count": 2, "mcp.reclaim.direct.stall_ns": 5_000_000, "mcp.reclaim.pages": 64}),
+     {**FOUR, "hostagent.reclaim.direct.count": 2, "hostagent.reclaim.direct.stall.time": 0.005, "hostagent.reclaim.pages": 64}),
     (Counters(faults=1, cu_launch_ex=800, cu_syncs=1, cu_sync_ns=700, sampled=1),
-     {**FOUR, "mcp.faults.user": 1, "mcp.cuda.launches.cuLaunchKernelEx": 800, "mcp.cuda.sync.count": 1,
-      "mcp.cuda.sync.wait_ns": 700, "mcp.cuda.sampled": 1}),
+     {**FOUR, "hostagent.faults.user": 1, "hostagent.cuda.launches.cuLaunchKernelEx": 800, "hostagent.cuda.sync.count": 1,
+      "hostagent.cuda.sync.time": s_(700), "hostagent.cuda.sampled": 1}),
     (Counters(memcg_reclaims=1, memcg_reclaim_ns=9, kswapd_wakeups=4, nv_ioctls=6, nv_ioctl_ns=60),
-     {**FOUR, "mcp.reclaim.memcg.count": 1, "mcp.reclaim.memcg.stall_ns": 9, "mcp.reclaim.kswapd_wakeups": 4,
-      "mcp.nvidia.ioctl.count": 6, "mcp.nvidia.ioctl.ns": 60}),
+     {**FOUR, "hostagent.reclaim.memcg.count": 1, "hostagent.reclaim.memcg.stall.time": s_(9), "hostagent.reclaim.kswapd_wakeups": 4,
+      "hostagent.nvidia.ioctl.count": 6, "hostagent.nvidia.ioctl.time": s_(60)}),
 ])
 def test_request_attributes_counters_shown_when_non_zero_but_the_four(counters, shown):
-    assert T.request_attributes(finished(counters), PROC) == {**BASE, **shown}
+    got = T.request_attributes(finished(counters))
+    assert got == {**BASE, **shown}
+    assert all(isinstance(v, float) for k, v in got.items() if k.endswith(".time"))
 
 
 @pytest.mark.parametrize("field", COUNTER_FIELDS)
 def test_request_attributes_each_counter_alone(field):
-    got = T.request_attributes(finished(Counters(**{field: 7})), {})
-    counters = {k: v for k, v in got.items() if k.startswith("mcp.") and k not in
-                ("mcp.request.id", "mcp.request.end_reason", "mcp.request.traceparent", "mcp.cgroup.id")}
-    assert counters == {**FOUR, DOC_NAMES[field]: 7}
+    got = T.request_attributes(finished(Counters(**{field: 7})))
+    counters = {k: v for k, v in got.items() if k.startswith("hostagent.") and k not in
+                ("hostagent.request.id", "hostagent.request.end_reason", "hostagent.request.traceparent", "hostagent.cgroup.id")}
+    assert counters == {**FOUR, DOC_NAMES[field]: s_(7) if field in DOC_TIME_FIELDS else 7}
+    assert set(got) - set(counters) == set(BASE)
 
 
-def test_request_attributes_request_fields_win_over_process_attributes():
+def test_request_attributes_are_the_request_own_and_the_process_identity_is_the_resource():
+    # the span keeps process.pid and thread.id from the records; whatever the identity says (a stale
+    # pid, even a thread.id) stays on the resource, as the process's attributes gave it
     fr = finished(end_reason="expired", parent=None, state="begin_lost", request_id=0xFFFF_FFFF_FFFF_FFFF)
-    got = T.request_attributes(fr, {"process.pid": 999, "thread.id": 998, "container.id": "c1"})
-    assert got == {"process.pid": 10, "thread.id": 11, "container.id": "c1",
-                   "mcp.request.id": "ffffffffffffffff", "mcp.request.end_reason": "expired",
-                   "mcp.request.traceparent": "begin_lost", "mcp.cgroup.id": 4242, **FOUR}
+    assert T.request_attributes(fr) == {
+        "process.pid": 10, "thread.id": 11, "hostagent.request.id": "ffffffffffffffff",
+        "hostagent.request.end_reason": "expired", "hostagent.request.traceparent": "begin_lost",
+        "hostagent.cgroup.id": 4242, **FOUR}
+    proc = {"process.pid": 999, "thread.id": 998, "container.id": "c1", "process.command_line": "a b"}
+    got = T.request_span(fr, proc, NONE)
+    assert got.attributes == T.request_attributes(fr)
+    assert got.resource == {"process.pid": 999, "thread.id": 998, "container.id": "c1", "process.command_line": "a b"}
 
 
-def test_request_attributes_copies_the_process_attributes():
+def test_request_span_leaves_the_process_attributes_unchanged():
     proc = dict(PROC)
-    T.request_attributes(finished(), proc)
+    got = T.request_span(finished(), proc, Evidence({"hostagent.gpu.index": 0}))
     assert proc == PROC
+    assert got.resource == PROC
+    assert not set(got.attributes) & (set(PROC) - {"process.pid"})  # identity only on the resource
 
 
 # ---- stall_span ----
 
 @pytest.mark.parametrize("st,expected", [
-    (stall(2_000_000, 2_600_000), SpanSpec("mcp.reclaim.stall", 2_000_000, 2_600_000, {
-        "thread.id": 11, "mcp.reclaim.kind": "direct", "mcp.reclaim.pages": 32, "mcp.reclaim.order": 0,
-        "mcp.reclaim.gfp_flags": "0xcc0", "mcp.reclaim.stall_ns": 600_000})),
+    (stall(2_000_000, 2_600_000), SpanSpec("hostagent.reclaim.stall", 2_000_000, 2_600_000, {
+        "thread.id": 11, "hostagent.reclaim.kind": "direct", "hostagent.reclaim.pages": 32, "hostagent.reclaim.order": 0,
+        "hostagent.reclaim.gfp_flags": "0xcc0", "hostagent.reclaim.stall.time": 0.0006})),
     (stall(10, 12_000_010, kind="memcg", pages=0, gfp=0x100CCA, order=3, tid=12),
-     SpanSpec("mcp.reclaim.stall", 10, 12_000_010, {
-         "thread.id": 12, "mcp.reclaim.kind": "memcg", "mcp.reclaim.pages": 0, "mcp.reclaim.order": 3,
-         "mcp.reclaim.gfp_flags": "0x100cca", "mcp.reclaim.stall_ns": 12_000_000})),
-    (stall(5, 5, gfp=0), SpanSpec("mcp.reclaim.stall", 5, 5, {
-        "thread.id": 11, "mcp.reclaim.kind": "direct", "mcp.reclaim.pages": 32, "mcp.reclaim.order": 0,
-        "mcp.reclaim.gfp_flags": "0x0", "mcp.reclaim.stall_ns": 0})),
+     SpanSpec("hostagent.reclaim.stall", 10, 12_000_010, {
+         "thread.id": 12, "hostagent.reclaim.kind": "memcg", "hostagent.reclaim.pages": 0, "hostagent.reclaim.order": 3,
+         "hostagent.reclaim.gfp_flags": "0x100cca", "hostagent.reclaim.stall.time": 0.012})),
+    (stall(5, 5, gfp=0), SpanSpec("hostagent.reclaim.stall", 5, 5, {
+        "thread.id": 11, "hostagent.reclaim.kind": "direct", "hostagent.reclaim.pages": 32, "hostagent.reclaim.order": 0,
+        "hostagent.reclaim.gfp_flags": "0x0", "hostagent.reclaim.stall.time": 0.0})),
 ])
 def test_stall_span(st, expected):
-    assert T.stall_span(st) == expected
+    got = T.stall_span(st)
+    assert got == expected
+    assert isinstance(got.attributes["hostagent.reclaim.stall.time"], float)
+    assert got.resource is None  # a child: the request's resource is its trace's
 
 
 # ---- request_span ----
 
-LINK = LinkSpec(("storm", 1), {"mcp.link.type": "reclaim_storm", "mcp.storm.scope": "host"},
-                EventSpec("mcp.reclaim_storm", 1_500_000, {"mcp.storm.scope": "host"}))
-EVENT = EventSpec("mcp.gpu.xid", 2_000_000, {"mcp.gpu.xid": 79})
+LINK = LinkSpec(("storm", 1), {"hostagent.link.type": "reclaim_storm", "hostagent.storm.scope": "host"},
+                EventSpec("hostagent.reclaim_storm", 1_500_000, {"hostagent.storm.scope": "host"}))
+EVENT = EventSpec("hostagent.gpu.xid", 2_000_000, {"hostagent.gpu.xid.code": 79})
 
 
 def test_request_span_carries_the_evidence_and_the_stalls():
     s1, s2 = stall(1_200_000, 1_300_000), stall(2_000_000, 2_500_000, kind="memcg")
     fr = finished(Counters(direct_reclaims=1, direct_reclaim_ns=100_000), stalls=(s1, s2))
-    ev = Evidence({"mcp.reclaim.kswapd_overlap_ns": 200, "mcp.finding.cuda.sync_bound": 0.8}, (LINK,), (EVENT,))
+    ev = Evidence({"hostagent.reclaim.kswapd.overlap.time": 0.0002, "hostagent.finding.cuda.sync_bound": 0.8}, (LINK,), (EVENT,))
     got = T.request_span(fr, PROC, ev)
     assert got == SpanSpec(
-        "mcp.request", 1_000_000, 3_500_000,
-        {**BASE, **FOUR, "mcp.reclaim.direct.count": 1, "mcp.reclaim.direct.stall_ns": 100_000,
-         "mcp.reclaim.kswapd_overlap_ns": 200, "mcp.finding.cuda.sync_bound": 0.8},
-        parent=PARENT, links=(LINK,), events=(EVENT,), children=(T.stall_span(s1), T.stall_span(s2)), error=None)
+        "hostagent.request", 1_000_000, 3_500_000,
+        {**BASE, **FOUR, "hostagent.reclaim.direct.count": 1, "hostagent.reclaim.direct.stall.time": 0.0001,
+         "hostagent.reclaim.kswapd.overlap.time": 0.0002, "hostagent.finding.cuda.sync_bound": 0.8},
+        parent=PARENT, links=(LINK,), events=(EVENT,), children=(T.stall_span(s1), T.stall_span(s2)), error=None,
+        resource=PROC)
     assert [c.start_ns for c in got.children] == [1_200_000, 2_000_000]  # in order
 
 
 def test_request_span_without_evidence_or_stalls():
     got = T.request_span(finished(parent=None, state="missing"), {}, NONE)
-    assert got == SpanSpec("mcp.request", 1_000_000, 3_500_000, {
-        "process.pid": 10, "thread.id": 11, "mcp.request.id": "0000000000000abc",
-        "mcp.request.end_reason": "marked", "mcp.request.traceparent": "missing", "mcp.cgroup.id": 4242, **FOUR})
+    assert got == SpanSpec("hostagent.request", 1_000_000, 3_500_000, {
+        "process.pid": 10, "thread.id": 11, "hostagent.request.id": "0000000000000abc",
+        "hostagent.request.end_reason": "marked", "hostagent.request.traceparent": "missing", "hostagent.cgroup.id": 4242, **FOUR},
+        resource={})
     assert (got.parent, got.links, got.events, got.children, got.error) == (None, (), (), (), None)
 
 
 def test_request_span_evidence_attributes_win():
-    ev = Evidence({"mcp.cgroup.id": 1, "mcp.gpu.index": 0})
+    ev = Evidence({"hostagent.cgroup.id": 1, "hostagent.gpu.index": 0})
     attrs = T.request_span(finished(), PROC, ev).attributes
-    assert (attrs["mcp.cgroup.id"], attrs["mcp.gpu.index"]) == (1, 0)
+    assert (attrs["hostagent.cgroup.id"], attrs["hostagent.gpu.index"]) == (1, 0)
 
 
 @pytest.mark.parametrize("reason,error", [
@@ -184,22 +215,25 @@ def test_request_span_evidence_attributes_win():
 def test_request_span_error_only_for_error_end_reasons(reason, error):
     got = T.request_span(finished(end_reason=reason), PROC, NONE)
     assert got.error == error
-    assert got.attributes["mcp.request.end_reason"] == reason
+    assert got.attributes["hostagent.request.end_reason"] == reason
 
 
 # ---- duration_row ----
 
 @pytest.mark.parametrize("fr,proc,row", [
-    (finished(), PROC, (2.5, {"process.executable.name": "srv", "mcp.request.end_reason": "marked"})),
+    # seconds; labels bounded: the executable name and the end reason, nothing per request or command line
+    (finished(), PROC, (0.0025, {"process.executable.name": "srv", "hostagent.request.end_reason": "marked"})),
     (finished(end_reason="expired", begin_ns=0, end_ns=30_000_000_000), {},
-     (30_000.0, {"process.executable.name": "", "mcp.request.end_reason": "expired"})),
+     (30.0, {"process.executable.name": "", "hostagent.request.end_reason": "expired"})),
     (finished(begin_ns=7, end_ns=7), {"process.executable.name": "py", "process.pid": 3},
-     (0.0, {"process.executable.name": "py", "mcp.request.end_reason": "marked"})),
+     (0.0, {"process.executable.name": "py", "hostagent.request.end_reason": "marked"})),
     (finished(begin_ns=1_000, end_ns=1_500), PROC,
-     (0.0005, {"process.executable.name": "srv", "mcp.request.end_reason": "marked"})),
+     (5e-7, {"process.executable.name": "srv", "hostagent.request.end_reason": "marked"})),
 ])
 def test_duration_row(fr, proc, row):
     assert T.duration_row(fr, proc) == row
+    assert T.DURATION == "hostagent.request.duration"
+    assert [(i.name, i.kind, i.unit) for i in T.INSTRUMENTS] == [("hostagent.request.duration", "histogram", "s")]
 
 
 # ---- the joiner's refusals land in the Counter it is given ----

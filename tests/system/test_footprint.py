@@ -12,6 +12,7 @@ import pytest
 
 from mcp_hostagent.core.decode import Counters
 from mcp_hostagent.exporters import build_exporters
+from mcp_hostagent.exporters.jsonl import metrics_path
 from mcp_hostagent.core.processes import Processes
 from mcp_hostagent.telemetry.otel import SPAN_SCHEDULE_DELAY_MS, Telemetry, span_schedule_delay_ms
 from mcp_hostagent.core.timebase import Timebase
@@ -25,7 +26,7 @@ def test_span_schedule_delay_default_and_the_sdk_variable():
 
 
 def _points(path: str, name: str) -> list[dict]:
-    last = [ln for ln in open(path).read().splitlines() if "resourceMetrics" in ln][-1]
+    last = [ln for ln in open(metrics_path(path)).read().splitlines() if "resourceMetrics" in ln][-1]
     return [dp for rm in json.loads(last)["resourceMetrics"] for sm in rm["scopeMetrics"] for m in sm["metrics"]
             if m["name"] == name for dp in m["sum"]["dataPoints"]]
 
@@ -48,7 +49,7 @@ def test_processes_that_went_leave_no_metric_state(tmp_path):
             rows[99999] = ({"process.pid": 99999}, dataclasses.replace(zero, faults=gen))
             procs.set_rows(rows, {})
             t.meter_provider.force_flush()
-            pts = _points(path, "mcp.process.page_faults")
+            pts = _points(path, "hostagent.process.user_faults")
             assert not [p for p in pts if any(a["key"] == "otel.metric.overflow" for a in p.get("attributes", []))]
             assert len(pts) == 101
             starts |= {p["startTimeUnixNano"] for p in pts

@@ -243,6 +243,7 @@ STATE = "/var/lib/mcp-hostagent"  # also made by any agent run that writes the d
 # Everything the package or its maintainer scripts create (the unit's enablement and mask included).
 INSTALLED = [PREFIX, "/etc/mcp-hostagent", STATE, "/lib/systemd/system/mcp-agent.service",
              "/usr/bin/mcp-agent", "/etc/logrotate.d/mcp-hostagent", "/usr/share/doc/mcp-hostagent",
+             "/usr/share/mcp-hostagent",
              "/etc/systemd/system/mcp-agent.service", WANTS]
 
 
@@ -321,7 +322,10 @@ def test_deb_files_conffiles_and_venv(deb):
     # the packaged copies are the repository's
     same = {"etc/mcp-hostagent/config.toml": "packaging/config.example.toml", "etc/mcp-hostagent/env": "packaging/env.example",
             "lib/systemd/system/mcp-agent.service": "packaging/mcp-agent.service",
-            "etc/logrotate.d/mcp-hostagent": "packaging/logrotate"}
+            "etc/logrotate.d/mcp-hostagent": "packaging/logrotate",
+            "usr/share/mcp-hostagent/grafana/mcp-agent-dashboard.json": "packaging/grafana/mcp-agent-dashboard.json",
+            "usr/share/mcp-hostagent/prometheus/rules.yml": "packaging/prometheus/rules.yml",
+            "usr/share/doc/mcp-hostagent/TELEMETRY.md": "docs/TELEMETRY.md"}
     for packaged, source in same.items():
         assert (tree / packaged).read_text() == open(os.path.join(REPO, source)).read(), packaged
     [exec_start] = unit_values("ExecStart")

@@ -26,6 +26,7 @@ from otlp_receiver import GrpcReceiver
 from mcp_hostagent import config as C
 from mcp_hostagent import marker
 from mcp_hostagent.cli import _checked, main
+from mcp_hostagent.exporters.jsonl import metrics_path
 from test_cli import (AGENT, BPF_MAP_GET_FD_BY_ID, BPF_PROG_GET_FD_BY_ID, ERROR, bpf_ids, bpf_object_exists, clean_env,
                       expected_attached, expected_missing, lines, probe_counts)
 
@@ -111,18 +112,23 @@ def gone(held: dict) -> dict:
 
 
 def jsonl_requests(path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(ln) for ln in f if ln.strip()]
+    """The export requests in the spans' file and its metrics file beside it (exporters/jsonl.py)."""
+    out = []
+    for p in (path, metrics_path(path)):
+        if os.path.exists(p) or p == path:
+            with open(p) as f:
+                out += [json.loads(ln) for ln in f if ln.strip()]
+    return out
 
 
 def span_ids(req: dict) -> list[str]:
-    """mcp.request.id of every span in one OTLP-JSON export request ("" for spans without one)."""
+    """hostagent.request.id of every span in one OTLP-JSON export request ("" for spans without one)."""
     out = []
     for rs in req.get("resourceSpans", []):
         for ss in rs["scopeSpans"]:
             for s in ss["spans"]:
                 a = {kv["key"]: kv["value"] for kv in s.get("attributes", [])}
-                out.append(a.get("mcp.request.id", {}).get("stringValue", ""))
+                out.append(a.get("hostagent.request.id", {}).get("stringValue", ""))
     return out
 
 
@@ -138,7 +144,7 @@ def stopped_clean(rc: int, took: float, err: str) -> tuple[int, int]:
 
 
 def last_counter(reqs: list[dict], name: str) -> dict[str, int]:
-    """The last cumulative value of a counter in OTLP-JSON metric requests, by its mcp.reason (or "")."""
+    """The last cumulative value of a counter in OTLP-JSON metric requests, by its hostagent.reason (or "")."""
     out = {}
     for req in reqs:
         for rm in req.get("resourceMetrics", []):
@@ -147,7 +153,7 @@ def last_counter(reqs: list[dict], name: str) -> dict[str, int]:
                     if m["name"] == name:
                         for dp in m["sum"]["dataPoints"]:
                             a = {kv["key"]: kv["value"]["stringValue"] for kv in dp.get("attributes", [])}
-                            out[a.get("mcp.reason", "")] = int(dp["asInt"])
+                            out[a.get("hostagent.reason", "")] = int(dp["asInt"])
     return out
 
 
@@ -204,8 +210,8 @@ def test_collector_outage_counts_every_span_and_recovers(tmp_path):
     reqs = jsonl_requests(jsonl)
     in_jsonl = [i for r in reqs for i in span_ids(r)]  # every span that reached the exporters
     received = len(rx.spans())
-    final = last_counter(reqs, "mcp.agent.spans.dropped")
-    assert last_counter(reqs, "mcp.agent.spans.exported")[""] == exported  # the final metric export
+    final = last_counter(reqs, "hostagent.agent.spans.dropped")
+    assert last_counter(reqs, "hostagent.agent.spans.exported")[""] == exported  # the final metric export
     failed, queue_full = final["export_failed"], final["queue_full"]
     # exact: what the exporters accepted is what the receiver has; what failed is exactly the rest of
     # what reached them; the summary line adds up
@@ -215,7 +221,7 @@ def test_collector_outage_counts_every_span_and_recovers(tmp_path):
     # our own requests: each reached the exporters or was one of the queue drops
     ours = set(m.ids)
     assert len(ours - set(in_jsonl)) <= queue_full
-    got = {s.attributes.get("mcp.request.id") for s in rx.spans()}
+    got = {s.attributes.get("hostagent.request.id") for s in rx.spans()}
     assert ours & got and len(ours & set(in_jsonl) - got) <= failed
     print(f"outage: exported {exported} = received {received}; failed {failed} = {len(in_jsonl)} reached the "
           f"exporters - {received}; queue_full {queue_full}; ours {len(ours)}; resumed after {resumed_s:.1f} s; "
@@ -312,7 +318,7 @@ def test_sighup_reloads_good_config_keeps_old_on_bad(tmp_path):
                            f"{cfg}): expected a string, got an integer"], a.stderr
         assert bpf_ids(a.p.pid) == held  # nothing was detached
         assert service_of_new_span() == "before"
-        assert rx.wait_for(lambda: metric_value(rx, "mcp.agent.config.reload_failed") == 1, 5)
+        assert rx.wait_for(lambda: metric_value(rx, "hostagent.agent.config.reload_failed") == 1, 5)
 
         # 2. a good one: applied, by a new pipeline (probes detached and attached again)
         write("after")
@@ -323,7 +329,7 @@ def test_sighup_reloads_good_config_keeps_old_on_bad(tmp_path):
         now = bpf_ids(a.p.pid)
         assert now["prog"] and not (now["prog"] & held["prog"])
         assert gone(held) == {"prog": set(), "map": set()}  # the old programs were released
-        assert rx.wait_for(lambda: metric_value(rx, "mcp.agent.config.reloads") == 1, 5)
+        assert rx.wait_for(lambda: metric_value(rx, "hostagent.agent.config.reloads") == 1, 5)
 
         # 3. valid but cannot start (headers nothing compiles against): back to the previous config
         useless = tmp_path / "headers"
@@ -333,7 +339,7 @@ def test_sighup_reloads_good_config_keeps_old_on_bad(tmp_path):
         a.ready(4, timeout=90)
         assert "reload: the new config failed to start (no BPF program loaded" in a.stderr
         assert service_of_new_span() == "after"
-        assert rx.wait_for(lambda: metric_value(rx, "mcp.agent.config.reload_failed") == 2, 5)
+        assert rx.wait_for(lambda: metric_value(rx, "hostagent.agent.config.reload_failed") == 2, 5)
         assert probe_counts(a.stderr.split("reload: the new config failed")[1])["missing"] == len(expected_missing())
 
         rc, took = a.term()

@@ -26,6 +26,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from mcp_hostagent.core.decode import Route
 from mcp_hostagent.exporters import Exporters
 from mcp_hostagent.exporters.counting import CountingMetricExporter, CountingSpanExporter, ExportStats
+from conftest import identity_on_resource_only
 from test_bpf_cuda import build  # noqa: F401  (fixture: the fake libcuda and its driver)
 
 pytestmark = pytest.mark.bpf
@@ -347,10 +348,10 @@ def test_event_storm_overflows_ring_buffer_counted_logged_once_bounded(cbin, inp
 
     # exported: the metric sink sees the agent's own counters
     def exported():
-        k = ra.metrics.value("mcp.agent.events.lost", **{"mcp.where": "kernel"})
-        b = ra.metrics.value("mcp.agent.records.rejected", **{"mcp.reason": "begin_lost"})
+        k = ra.metrics.value("hostagent.agent.events.lost", **{"hostagent.where": "kernel"})
+        b = ra.metrics.value("hostagent.agent.records.rejected", **{"hostagent.reason": "begin_lost"})
         return k == h.kernel_lost() and b == h.rejected["begin_lost"]
-    assert wait_until(exported, 5), (ra.metrics.value("mcp.agent.events.lost", **{"mcp.where": "kernel"}),
+    assert wait_until(exported, 5), (ra.metrics.value("hostagent.agent.events.lost", **{"hostagent.where": "kernel"}),
                                      h.kernel_lost())
     # logged once for a 6 s storm that lost records in every map read, not per record
     # this agent's lines: its loop thread logs them (the session's shared agent, if one runs in this
@@ -360,7 +361,7 @@ def test_event_storm_overflows_ring_buffer_counted_logged_once_bounded(cbin, inp
     lost_lines = [r for r in said if "lost" in r.getMessage()]
     assert len(lost_lines) == 1, [r.getMessage() for r in said]
     assert len(said) <= 2, [r.getMessage() for r in said]
-    assert "mcp.agent.events.lost" in lost_lines[0].getMessage()
+    assert "hostagent.agent.events.lost" in lost_lines[0].getMessage()
     # memory: nothing grows with the number of lost records
     assert max(rss) - rss0 < 30_000, (rss0, max(rss))
 
@@ -486,15 +487,18 @@ def test_process_churn_per_pid_state_returns_to_baseline(cbin, build, inproc, mo
         assert wait_until(lambda: want <= joined(), 20), (len(want - joined()), {
             k: v for k, v in a.health.kernel_stats.items() if v and k.startswith(("begin", "mark", "rb", "budget"))})
         assert a.health.kernel_lost() == lost0
-        spans = {int(s.attributes["mcp.request.id"], 16): s for s in ra.spans() if s.attributes.get("mcp.request.id")}
+        spans = {int(s.attributes["hostagent.request.id"], 16): s for s in ra.spans() if s.attributes.get("hostagent.request.id")}
         wrong = []
         for rid, pid in marked.items():
             at = spans[rid].attributes
-            cmd = at.get("process.command_line")  # absent when the process was gone before its lookup
-            if at["process.pid"] != pid or (cmd is not None and str(rid) not in cmd.split()):
-                wrong.append((rid, pid, at["process.pid"], cmd))
+            # the identity is the span's resource; absent when the process was gone before its lookup
+            res = identity_on_resource_only(spans[rid])
+            cmd = res.get("process.command_line")
+            if at["process.pid"] != pid or res.get("process.pid", pid) != pid or \
+                    (cmd is not None and str(rid) not in cmd.split()):
+                wrong.append((rid, pid, at["process.pid"], res.get("process.pid"), cmd))
         assert not wrong, wrong[:5]
-        with_cmd = sum(1 for rid in marked if "process.command_line" in spans[rid].attributes)
+        with_cmd = sum(1 for rid in marked if "process.command_line" in spans[rid].resource.attributes)
 
         t1 = time.monotonic()
         # the longest-lived: a process's exec is followed by maps reads for 30 s (a late dlopen of libcuda)
@@ -535,19 +539,20 @@ def test_reused_pid_is_not_given_the_dead_process_identity(cbin, build, inproc):
                 pb.stdin.write(cmd + "\n")
                 pb.stdin.flush()
                 assert pb.stdout.readline().startswith("ok")
-            assert wait_until(lambda: ra.spans(**{"mcp.request.id": f"{rid_b:016x}"}), 5)
+            assert wait_until(lambda: ra.spans(**{"hostagent.request.id": f"{rid_b:016x}"}), 5)
         finally:
             pb.stdin.close()
             pb.wait(10)
-        (a_span,) = ra.spans(**{"mcp.request.id": f"{rid_a:016x}"})
-        (b_span,) = ra.spans(**{"mcp.request.id": f"{rid_b:016x}"})
+        (a_span,) = ra.spans(**{"hostagent.request.id": f"{rid_a:016x}"})
+        (b_span,) = ra.spans(**{"hostagent.request.id": f"{rid_b:016x}"})
         print(f"pid {pa.pid} reused: records of A and B {[(k[0], n) for k, n in ra.received.items() if k[1] == pa.pid]}")
-        assert a_span.attributes["mcp.request.end_reason"] == "thread_exit"
-        assert a_span.attributes.get("process.executable.name") == "mark_and_die"
-        b = b_span.attributes
+        assert a_span.attributes["hostagent.request.end_reason"] == "thread_exit"
+        assert identity_on_resource_only(a_span).get("process.executable.name") == "mark_and_die"
+        assert b_span.attributes["process.pid"] == pa.pid
+        b = identity_on_resource_only(b_span)  # its own resource, not the dead process's
         assert b["process.pid"] == pa.pid
-        assert b.get("process.executable.name") == "cuda_driver", dict(b)
-        assert b.get("process.command_line") == build.drv, dict(b)
+        assert b.get("process.executable.name") == "cuda_driver", b
+        assert b.get("process.command_line") == build.drv, b
         checked += 1
     assert checked >= 2
 
@@ -562,7 +567,7 @@ NO_UPROBES = [a for n in ("cuda_launch", "cuda_graph", "cuda_ctx", "cuda_sync", 
               for a in ("--disable-probe", n)]
 
 # The loopback receiver (tests/otlp_receiver.py) in its own process, started inside the namespace: one
-# line per accepted trace export request, "T" and the mcp.request.id of each span ("-" when none).
+# line per accepted trace export request, "T" and the hostagent.request.id of each span ("-" when none).
 RECEIVER_MAIN = r"""
 import sys
 sys.path.insert(0, sys.argv[4])
@@ -574,7 +579,7 @@ accept = rx._accept
 def record(request, headers):
     ok = accept(request, headers)
     if ok and hasattr(request, "resource_spans"):
-        ids = [attrs(s.attributes).get("mcp.request.id") or "-"
+        ids = [attrs(s.attributes).get("hostagent.request.id") or "-"
                for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
         f.write(" ".join(["T", *ids]) + "\n")
     return ok
@@ -711,9 +716,9 @@ def test_collector_cut_at_netns_link(protocol, tmp_path):
     exported, dropped = stopped_clean(rc, took, err)
     reqs = jsonl_requests(jsonl)
     in_jsonl = [i for r in reqs for i in span_ids(r)]  # every span that reached the exporters
-    final = last_counter(reqs, "mcp.agent.spans.dropped")
+    final = last_counter(reqs, "hostagent.agent.spans.dropped")
     failed, queue_full = final.get("export_failed", 0), final.get("queue_full", 0)
-    assert last_counter(reqs, "mcp.agent.spans.exported")[""] == exported
+    assert last_counter(reqs, "hostagent.agent.spans.exported")[""] == exported
     # every span counted exactly once: exported or failed (the queue, 8192, never filled)
     assert queue_full == 0 and dropped == failed > 0
     assert exported + failed == len(in_jsonl)
@@ -777,7 +782,7 @@ def test_minutes_long_outage_bounded_counted_resumes(tmp_path):
         n_back = len(m.ids)
         rx.start()  # the same port
         t_back = time.monotonic()
-        assert rx.wait_for(lambda: {s.attributes.get("mcp.request.id") for s in rx.spans()} & set(m.ids[n_back:]),
+        assert rx.wait_for(lambda: {s.attributes.get("hostagent.request.id") for s in rx.spans()} & set(m.ids[n_back:]),
                            timeout=RESUME_BOUND_S), f"export did not resume within {RESUME_BOUND_S} s"
         resumed_s = time.monotonic() - t_back
         time.sleep(2)
@@ -794,9 +799,9 @@ def test_minutes_long_outage_bounded_counted_resumes(tmp_path):
     reqs = jsonl_requests(jsonl)
     in_jsonl = [i for r in reqs for i in span_ids(r)]
     received = len(rx.spans())
-    final = last_counter(reqs, "mcp.agent.spans.dropped")
+    final = last_counter(reqs, "hostagent.agent.spans.dropped")
     failed, queue_full = final["export_failed"], final["queue_full"]
-    assert last_counter(reqs, "mcp.agent.spans.exported")[""] == exported
+    assert last_counter(reqs, "hostagent.agent.spans.exported")[""] == exported
     assert received == exported
     assert len(in_jsonl) - received == failed > 0
     assert dropped == failed + queue_full and queue_full > 0

@@ -3,7 +3,7 @@ session's scope is) attacks the request maps and the ring buffer of the real `mc
 legitimate process (root, in the test's cgroup) marks 100 requests whose page faults are checked
 against its /proc/PID/stat. Each attack: the legitimate process gets >= 99 spans with the right
 counts, the agent stays alive and stops within 5 s of SIGTERM, and the refusals are in
-mcp.agent.records.rejected.
+hostagent.agent.records.rejected.
 
 Measured before the owner budgets (one ring buffer, per-process bounds only): 0 of 100 spans under
 (a) and (b) and (c), 77 of 100 with one flooding process."""
@@ -115,8 +115,8 @@ def spans_of(reqs: list[dict], pid: int) -> dict[str, dict]:
             for ss in rs["scopeSpans"]:
                 for s in ss["spans"]:
                     a = {kv["key"]: next(iter(kv["value"].values())) for kv in s.get("attributes", [])}
-                    if int(a.get("process.pid", -1)) == pid and "mcp.request.id" in a:
-                        out[a["mcp.request.id"]] = a
+                    if int(a.get("process.pid", -1)) == pid and "hostagent.request.id" in a:
+                        out[a["hostagent.request.id"]] = a
     return out
 
 
@@ -132,18 +132,18 @@ def check_legit(agent, child: Child, want: dict[str, int], pages: int) -> None:
     missing = sorted(set(want) - set(got))
     print(f"legit: {len(want) - len(missing)} of {len(want)} spans; missing {missing[:5]}")
     assert len(missing) <= 0.01 * len(want), f"{len(got)} of {len(want)} spans\n{agent.stderr[-2000:]}"
-    bad = {rid: (int(got[rid]["mcp.faults.user"]), want[rid]) for rid in set(got) & set(want)
-           if not (int(got[rid]["mcp.faults.user"]) >= pages
-                   and abs(int(got[rid]["mcp.faults.user"]) - want[rid]) <= 5)}
+    bad = {rid: (int(got[rid]["hostagent.faults.user"]), want[rid]) for rid in set(got) & set(want)
+           if not (int(got[rid]["hostagent.faults.user"]) >= pages
+                   and abs(int(got[rid]["hostagent.faults.user"]) - want[rid]) <= 5)}
     assert not bad, f"faults (span, /proc) differ: {dict(list(bad.items())[:5])}"
 
 
 def rejected(agent, *reasons: str, at_least: int = 1) -> dict[str, int]:
-    """mcp.agent.records.rejected by reason, from the metrics the agent wrote: the first export whose
+    """hostagent.agent.records.rejected by reason, from the metrics the agent wrote: the first export whose
     `reasons` add up to at_least (a starved agent exports late), else the last within 30 s."""
     deadline = time.monotonic() + 30
     while True:
-        rej = last_counter(jsonl_requests(agent.jsonl), "mcp.agent.records.rejected")
+        rej = last_counter(jsonl_requests(agent.jsonl), "hostagent.agent.records.rejected")
         if sum(rej.get(r, 0) for r in reasons) >= at_least or time.monotonic() > deadline:
             return rej
         time.sleep(0.5)

@@ -4,7 +4,7 @@ for the real `mcp-agent run` (process.watch = gpu) to find in its processes' map
 - A libcuda.so the user owns, whose constructor leaves a file saying which uid ran it: before, the
   governor's calibration dlopen()ed it in a child of the agent and it ran as root. Now no file named
   libcuda is ever loaded by the agent; one a user could have written is refused, shown in
-  `mcp-agent probes` with its reason, and counted (mcp.agent.records.rejected, libcuda_refused).
+  `mcp-agent probes` with its reason, and counted (hostagent.agent.records.rejected, libcuda_refused).
 - 150 root-owned copies mapped by one process: each followed file costs perf-event fds, and 150 ran
   the agent out of them (EMFILE killed it). cuda.max_libraries (16) follows the first and counts the rest.
 - A trusted library called in a tight loop by a process with no NVIDIA device open: it drove the
@@ -94,7 +94,7 @@ def test_user_owned_libcuda_is_never_loaded(run_agent, hostile_bin, hostile_cgro
         while not os.path.exists(f"{planted}.ran-as-{HOSTILE_UID}"):
             assert time.monotonic() < deadline and h.poll() is None, "the planted library did not load"
             time.sleep(0.05)
-        refused = wait_metric(agent, lambda reqs: last_counter(reqs, "mcp.agent.records.rejected")
+        refused = wait_metric(agent, lambda reqs: last_counter(reqs, "hostagent.agent.records.rejected")
                               .get("libcuda_refused", 0))
         assert refused >= 1, agent.stderr[-2000:]
         want = legit_requests(child, 0x5000)
@@ -126,9 +126,9 @@ def test_libraries_beyond_the_cap_are_counted_not_followed(run_agent, hostile_bi
                    stdout=subprocess.PIPE, text=True)
     try:
         assert h.stdout.readline().strip() == "ready"
-        refused = wait_metric(agent, lambda reqs: last_counter(reqs, "mcp.agent.records.rejected")
+        refused = wait_metric(agent, lambda reqs: last_counter(reqs, "hostagent.agent.records.rejected")
                               .get("libcuda_refused", 0) >= 150 - 16 and reqs, timeout=90)
-        rej = last_counter(jsonl_requests(agent.jsonl), "mcp.agent.records.rejected")
+        rej = last_counter(jsonl_requests(agent.jsonl), "hostagent.agent.records.rejected")
         assert refused and rej.get("libcuda_refused") == 150 - 16, rej
         fds = len(os.listdir(f"/proc/{agent.p.pid}/fd"))
         print(f"150 libraries mapped: 16 followed, {rej['libcuda_refused']} refused; the agent holds {fds} fds")
@@ -153,10 +153,10 @@ def test_a_process_without_a_gpu_does_not_steer_the_governor(run_agent, hostile_
     h = as_hostile([hostile_bin, "launch", "40", lib], hostile_cgroup, stdout=subprocess.PIPE, text=True)
     try:
         gov = wait_metric(agent, lambda reqs: (lambda g: g if g.get("unsteered", 0) >= 1 else None)(
-            metric_points(reqs, "mcp.cuda.governor", "mcp.governor.field")), timeout=60)
-        assert gov, metric_points(jsonl_requests(agent.jsonl), "mcp.cuda.governor", "mcp.governor.field")
+            metric_points(reqs, "hostagent.cuda.governor", "hostagent.governor.field")), timeout=60)
+        assert gov, metric_points(jsonl_requests(agent.jsonl), "hostagent.cuda.governor", "hostagent.governor.field")
         time.sleep(8)  # several control windows with the loop running
-        gov = metric_points(jsonl_requests(agent.jsonl), "mcp.cuda.governor", "mcp.governor.field")
+        gov = metric_points(jsonl_requests(agent.jsonl), "hostagent.cuda.governor", "hostagent.governor.field")
         print(f"governor while a non-GPU process launches: {gov}")
         assert gov["duty"] == 1.0 and gov["unsteered"] >= 1, gov
         want = legit_requests(child, 0x7000)

@@ -3,7 +3,7 @@
 
 - 4,200 processes named as process.comms asks: watch_tgid (4,096 entries) fills and its update fails
   with E2BIG ("Argument list too long"), which ended the agent from its tick. Now it is counted in
-  mcp.agent.errors (watch_map_full) and the agent goes on.
+  hostagent.agent.errors (watch_map_full) and the agent goes on.
 - 36 processes with 60,000 mappings each: /proc/PID/maps of ~3 MB, ~30 ms of kernel time to read. The
   watch scan read them all on the ring-buffer thread every 5 s: the idle agent went from 1 % to 133 % of
   a core, half of a legitimate process's spans were lost and SIGTERM took > 10 s. Now scans run on
@@ -49,7 +49,7 @@ def test_a_full_watch_map_is_counted_not_fatal(run_agent, hostile_bin, hostile_c
                    text=True)
     try:
         assert h.stdout.readline().strip() == "ready"
-        errors = wait_metric(agent, lambda reqs: metric_points(reqs, "mcp.agent.errors", "mcp.where")
+        errors = wait_metric(agent, lambda reqs: metric_points(reqs, "hostagent.agent.errors", "hostagent.where")
                              .get("watch_map_full", 0), timeout=60)
         assert errors >= 1, agent.stderr[-2000:]
         want = legit_requests(child, 0x8000)

@@ -50,7 +50,7 @@ def test_span_with_parent_children_error_and_wall_times():
 def test_links_to_an_opened_span_carry_its_ids_in_an_event_and_unknown_keys_are_skipped():
     tel, memory = telemetry()
     tel.open(("storm", 1), SpanSpec("storm", 100, None, {"scope": "host"}))
-    link = LinkSpec(("storm", 1), {"mcp.link.type": "reclaim_storm"}, EventSpec("mcp.reclaim_storm", 900, {"s": 1}),
+    link = LinkSpec(("storm", 1), {"hostagent.link.type": "reclaim_storm"}, EventSpec("hostagent.reclaim_storm", 900, {"s": 1}),
                     ("tid", "sid"))
     gone = LinkSpec(("storm", 2), {"x": 1}, EventSpec("never", 900))
     tel.span(SpanSpec("req", 800, 1_000, {}, links=(link, gone)))
@@ -59,9 +59,9 @@ def test_links_to_an_opened_span_carry_its_ids_in_an_event_and_unknown_keys_are_
     storm, req = spans["storm"], spans["req"]
     assert dict(storm.attributes) == {"scope": "host", "windows": 3} and storm.end_time == OFFSET + 1_100
     assert [(ln.context.span_id, dict(ln.attributes)) for ln in req.links] == \
-        [(storm.context.span_id, {"mcp.link.type": "reclaim_storm"})]
+        [(storm.context.span_id, {"hostagent.link.type": "reclaim_storm"})]
     (ev,) = req.events
-    assert ev.name == "mcp.reclaim_storm" and ev.timestamp == OFFSET + 900
+    assert ev.name == "hostagent.reclaim_storm" and ev.timestamp == OFFSET + 900
     assert dict(ev.attributes) == {"s": 1, "tid": f"{storm.context.trace_id:032x}", "sid": f"{storm.context.span_id:016x}"}
     tel.forget(("storm", 1))
     tel.span(SpanSpec("later", 800, 1_000, {}, links=(link,)))

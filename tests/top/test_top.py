@@ -141,6 +141,7 @@ def busy_snapshot(tmp_path=None, width: str | None = None) -> Snapshot:
     for tick in range(3):
         host.proc_rows = {pid: (a, Counters(faults=c.faults + 500 * tick * (pid // 100),
                                             offcpu_ns=c.offcpu_ns + tick * 250_000_000,
+                                            offcpu_runnable_ns=tick * 70_000_000,  # of it, runnable
                                             cu_launch=tick * 1000 if pid == 202 else 0,
                                             cu_ctx_ops=tick * 100 if pid == 202 else 0,
                                             cu_ctx_ns=tick * 100 * 12_000 if pid == 202 else 0))
@@ -166,13 +167,13 @@ def test_percentile_nearest_rank():
 
 
 def test_counter_rates():
-    prev = Counters(faults=1000, offcpu_ns=S, cu_launch=10, cu_ctx_ops=5, cu_ctx_ns=50_000)
-    cur = Counters(faults=1100, offcpu_ns=S + 500_000_000, cu_launch=30, cu_launch_ptsz=4, cu_launch_ex=6,
+    prev = Counters(faults=1000, offcpu_ns=S, offcpu_runnable_ns=S // 10, cu_launch=10, cu_ctx_ops=5, cu_ctx_ns=50_000)
+    cur = Counters(faults=1100, offcpu_ns=S + 500_000_000, offcpu_runnable_ns=S // 10 + 40_000_000, cu_launch=30, cu_launch_ptsz=4, cu_launch_ex=6,
                    cu_launch_ex_ptsz=2, cu_graph_launch=8, cu_ctx_ops=9, cu_ctx_ns=90_000, cu_sync_ns=4_000_000,
                    nv_ioctls=60, direct_reclaim_ns=3_000_000, memcg_reclaim_ns=1_000_000)
     r = counter_rates(prev, cur, 2.0)
     assert r == {"launches_per_s": 20.0, "ctx_switch_us": 10.0, "sync_ms_per_s": 2.0, "ioctls_per_s": 30.0,
-                 "faults_per_s": 50.0, "reclaim_ms_per_s": 2.0, "offcpu_pct": 25.0}
+                 "faults_per_s": 50.0, "reclaim_ms_per_s": 2.0, "offcpu_pct": 25.0, "wait_pct": 2.0}
     assert counter_rates(None, cur, 1.0)["faults_per_s"] is None  # first reading: no rate yet
     assert set(counter_rates(cur, prev, 1.0).values()) == {None}  # went backwards: pid reused
     assert counter_rates(prev, prev, 1.0)["ctx_switch_us"] is None  # no switch in the interval
@@ -215,12 +216,12 @@ def test_builder_rates_latency_and_ring():
     clock.t += 2 * S
     for i in range(100):  # 1..100 ms, ended within the tick
         b.on_request(request(42, i + 1, clock.t - S, dur_ms=i + 1))
-    host.proc_rows = {42: (attrs(42), Counters(faults=5100, offcpu_ns=S))}
+    host.proc_rows = {42: (attrs(42), Counters(faults=5100, offcpu_ns=S, offcpu_runnable_ns=S // 4))}
     b.on_tick(host.state())
     snap = b.latest()
     (p,) = snap.processes
     assert (p.pid, p.command, p.name) == (42, "python3 -m server", "python3")
-    assert p.faults_per_s == 2500.0 and p.offcpu_pct == 50.0
+    assert p.faults_per_s == 2500.0 and p.offcpu_pct == 50.0 and p.wait_pct == 12.5
     assert p.req_per_s == 50.0 and p.requests_total == 100 and p.marked
     assert p.p50_ms == 50.0 and p.p99_ms == 99.0
     reqs = snap.requests_of(42)
@@ -423,7 +424,7 @@ def test_frame_80x24(tmp_path):
     assert text[2].startswith("kswapd n0:") and "storm: STORM host" in text[2]
     assert text[3].startswith("GPU0 ") and "Gen5x16/Gen5x16" in text[3]
     head = text[4]
-    for title in ("PID", "COMMAND", "GPU", "▼REQ/s", "P50ms", "P99ms", "FLT/s", "OFF%", "LNCH/s", "RCLMms/s"):
+    for title in ("PID", "COMMAND", "GPU", "▼REQ/s", "P50ms", "P99ms", "FLT/s", "WAIT%", "LNCH/s", "RCLMms/s"):
         assert title in head
     for title in ("CONTAINER", "IOCTL/s", "SYNCms/s", "CTXus"):
         assert title not in head  # no room at 80 columns
@@ -441,11 +442,13 @@ def test_frame_200x50(tmp_path):
     head = next(t for t in text if t.lstrip().startswith("PID"))
     titles = head.split()
     assert titles == ["PID", "COMMAND", "CONTAINER", "GPU", "▼REQ/s", "P50ms", "P99ms", "LNCH/s", "CTXus",
-                      "SYNCms/s", "IOCTL/s", "FLT/s", "RCLMms/s", "OFF%"]
+                      "SYNCms/s", "IOCTL/s", "FLT/s", "RCLMms/s", "WAIT%"]
     row = next(t for t in text if t.split()[:1] == ["202"])
     cells = row.split()
     assert cells[1:4] == ["worker", "--model", "llama"] and cells[4] == "abababababab"
-    assert cells[-7:] == ["1000", "12", "0", "0", "1000", "0", "25"]  # LNCH/s CTXus SYNC IOCTL FLT RCLM OFF%
+    # LNCH/s CTXus SYNC IOCTL FLT RCLM WAIT%: the runnable share of the 25% off-CPU, not the 25%
+    assert cells[-7:] == ["1000", "12", "0", "0", "1000", "0", "7"]
+    assert next(p for p in snap.processes if p.pid == 202).offcpu_pct == 25.0  # the total stays in --json
 
 
 def test_hostile_names_are_escaped_and_cut(tmp_path):
