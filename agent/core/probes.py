@@ -13,7 +13,8 @@ States (`mcp-agent probes`, `run`'s start-up summary, the status line and the ag
 The libcuda uprobe families (kind "uprobe": cuda_launch ... cuda_free) are attached per library inode
 as processes map libcuda.so (agent/cuda), so they have states of their own; none of them reads attached:
   armed         uprobes attached in N libcuda files (they fire in every process mapping those files)
-  duty-cycled   cuda_launch armed, but the governor attaches it one slice in N (counts scaled)
+  duty-cycled   cuda_launch armed, but the governor attaches it one slice in N (process counts
+                scaled; a request's count exact, or labelled with its coverage)
   paused        cuda_launch armed, but its uprobes detached for now (CudaProbes.pause)
   waiting       compiled, no libcuda.so mapped now: armed when a process maps one
   found         `mcp-agent probes` only: symbols found in N libcuda files; that command attaches no uprobe

@@ -745,20 +745,22 @@ class Cuda:
         if not self.gate.admit(step.hdr.tgid, dur_s, time.monotonic()):
             return
         spec = cuda_telemetry.step_span(step, proc_attrs)
-        if self.probes is not None:
-            cov = cuda_telemetry.coverage_attributes(
-                step.counters, self.probes.launch_coverage(step.hdr.tgid, spec.start_ns, spec.end_ns))
-            if cov:
-                spec = replace(spec, attributes={**spec.attributes, **cov})
+        cov = self._coverage(step.counters, step.hdr.tgid, spec.start_ns, spec.end_ns)
+        if cov:
+            spec = replace(spec, attributes={**spec.attributes, **cov})
         self.telemetry.span(spec)
 
     def evidence(self, fr) -> Evidence:
         found = steps.findings(fr.counters, fr.end_ns - fr.begin_ns)
-        attrs = {f"hostagent.finding.{k}": v for k, v in found.items()}
-        if self.probes is not None:
-            attrs.update(cuda_telemetry.coverage_attributes(
-                fr.counters, self.probes.launch_coverage(fr.tgid, fr.begin_ns, fr.end_ns)))
-        return Evidence(attrs)
+        return Evidence({**{f"hostagent.finding.{k}": v for k, v in found.items()},
+                         **self._coverage(fr.counters, fr.tgid, fr.begin_ns, fr.end_ns)})
+
+    def _coverage(self, counters, pid: int, t0_ns: int, t1_ns: int) -> dict:
+        """The launch counts of a window where a probe was duty-cycled: estimates or unknown, labelled
+        (cuda/telemetry.coverage_attributes); {} when every count is exact or no probes run."""
+        if self.probes is None:
+            return {}
+        return cuda_telemetry.coverage_attributes(counters, self.probes.launch_coverage(pid, t0_ns, t1_ns))
 
     def publish(self) -> None:
         """After the map read: the governor's state, ioctl and latency rows; refusals and errors."""

@@ -100,7 +100,3 @@ class OutlierGate:
         self.tokens -= 1.0
         st[2] = now
         return True
-
-    def forget(self, pids) -> None:
-        for p in pids:
-            self._procs.pop(p, None)

@@ -90,7 +90,7 @@ def family_status(row: str, libs: list[list[SymState]], attaching: bool = True, 
         if row == DUTY_PROBE and paused:
             return P.PAUSED, detail + "; launch probes detached for now (paused)"
         if row == DUTY_PROBE and weight > 1:
-            return P.DUTY_CYCLED, detail + f"; attached one slice in {weight}, counts scaled"
+            return P.DUTY_CYCLED, detail + f"; attached one slice in {weight}: process counts scaled, request counts exact or labelled"
         return P.ARMED, detail
     if found and not attaching:
         return P.FOUND, (f"symbols found in {found} of {len(libs)} libcuda file(s); not attached by "

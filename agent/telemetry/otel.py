@@ -52,6 +52,7 @@ SCOPE = "mcp_hostagent"
 # server; slots below fold into the first bucket, above into +Inf. Fixed bounds: a Prometheus series
 # per `le` that does not come and go with the data.
 LOG2_SLOTS = range(8, 35)
+LOG2_BOUNDS = [((1 << k) - 1) / 1e9 for k in LOG2_SLOTS]  # seconds; slot k holds [2^(k-1), 2^k - 1] ns
 MAX_PROCESS_RESOURCES = 1024  # tracer providers kept, one per observed process (LRU)
 # Exponential histograms (OTel's own, base-2 at a scale the SDK adapts): no bounds picked in advance
 # for requests of 1 ms or 10 minutes. 160 buckets hold 10 ms..60 s at scale 3 (buckets 9% wide).
@@ -86,13 +87,12 @@ def instance_id(service_name: str, env=None, machine_id_path: str = "/etc/machin
 
 
 def log2_histogram_point(b: Log2Buckets, attrs: dict, start_ns: int, now_ns: int) -> HistogramDataPoint:
-    bounds = [((1 << k) - 1) / 1e9 for k in LOG2_SLOTS]
-    counts = [0] * (len(bounds) + 1)
+    counts = [0] * (len(LOG2_BOUNDS) + 1)
     lo, hi = LOG2_SLOTS[0], LOG2_SLOTS[-1]
     for slot, n in b.slots.items():
-        counts[0 if slot <= lo else len(bounds) if slot > hi else slot - lo] += n
+        counts[0 if slot <= lo else len(LOG2_BOUNDS) if slot > hi else slot - lo] += n
     return HistogramDataPoint(attributes=attrs, start_time_unix_nano=start_ns, time_unix_nano=now_ns,
-                              count=sum(counts), sum=None, bucket_counts=counts, explicit_bounds=bounds,
+                              count=sum(counts), sum=None, bucket_counts=counts, explicit_bounds=LOG2_BOUNDS,
                               min=None, max=None)
 
 
@@ -265,14 +265,16 @@ class Telemetry:
                       "gauge": self._meter.create_observable_gauge}[inst.kind]
             create(inst.name, [self._callback(inst)], unit=inst.unit, description=inst.description)
 
+    def _rows_of(self, inst: Instrument):
+        """An instrument's rows now: read() at collection time, else the last published ones."""
+        if inst.read is not None:
+            return inst.read()
+        with self._lock:
+            return self._rows.get(inst.name, ())
+
     def _callback(self, inst: Instrument):
         def cb(options):
-            if inst.read is not None:
-                rows = inst.read()
-            else:
-                with self._lock:
-                    rows = self._rows.get(inst.name, ())
-            return [Observation(v, a) for v, a in rows if v is not None]
+            return [Observation(v, a) for v, a in self._rows_of(inst) if v is not None]
         return cb
 
     def kernel_histograms(self) -> list:
@@ -280,11 +282,7 @@ class Telemetry:
         now, out = time.time_ns(), []
         for inst in self._log2:
             try:
-                if inst.read is not None:
-                    rows = inst.read()
-                else:
-                    with self._lock:
-                        rows = self._rows.get(inst.name, ())
+                rows = self._rows_of(inst)
             except Exception:  # noqa: BLE001 - a failing read loses this histogram, not the export
                 continue
             points = [log2_histogram_point(b, clean(a), self._start_wall_ns, now) for b, a in rows]

@@ -142,10 +142,12 @@ def exported():
         Pcie.on_aer(pcie, AerRecord(BRIDGE_BDF, "nonfatal", 0x20, ("Undefined", "DLP"), 0), 200 * ms)
         Pcie.on_link_event(pcie, LinkEventRecord(BRIDGE_BDF, "autonomous", 16.0, 16.0, 8, 0, 0x2000, 0), 210 * ms)
         nic = SimpleNamespace(nic_events=[LinkEvent(220 * ms, "eth2", 3, "carrier_down", False, "down", 100_000, 100_000, 2)])
+        cuda = Cuda(processes=None, health=None)
+        cuda.probes = SimpleNamespace(  # cuLaunchKernel duty-cycled
+            launch_coverage=lambda pid, t0, t1: {"cu_launch": (0.4, 0.6)})
         evidence = (Reclaim.evidence(reclaim, fr) + GpuHealth.evidence(gpu, fr) + Pcie.evidence(pcie, fr)
                     + Nic.evidence(nic, fr)
-                    + Cuda.evidence(SimpleNamespace(probes=SimpleNamespace(  # cuLaunchKernel duty-cycled
-                        launch_coverage=lambda pid, t0, t1: {"cu_launch": (0.4, 0.6)})), fr))
+                    + cuda.evidence(fr))
         assert evidence.links and evidence.events, "the harness should produce links and events"
         t.span(requests_t.request_span(fr, proc, evidence))
 
