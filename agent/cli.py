@@ -335,7 +335,8 @@ def probes(config_path, dump):
         # tracefs is root-only and may not be mounted yet: a tracepoint we cannot see from here is
         # assumed present, so the flags are the agent's, not a probe-less unit's.
         tracefs_visible = os.access(os.path.join(TRACEFS, "events"), os.X_OK)
-        plan = probes_mod.plan(cfg.probes_disable, **({} if tracefs_visible else {"exists": lambda cat, ev: True}))
+        plan = probes_mod.plan(cfg.probes_disable, off=probes_mod.switched_off(cfg),
+                               **({} if tracefs_visible else {"exists": lambda cat, ev: True}))
         click.echo(f"// {loader.UNIT_NAME}: {', '.join(loader.UNIT)} from {loader.bpf_source_dir()}")
         click.echo(f"// cflags: {' '.join(loader.cflags_for(plan, bpf_settings(cfg)))}")
         click.echo(loader.unit_source())
@@ -344,7 +345,7 @@ def probes(config_path, dump):
         hc, mounted = prepare_kernel(cfg)
     except StartError as e:
         _fail(str(e))
-    plan = probes_mod.plan(cfg.probes_disable)
+    plan = probes_mod.plan(cfg.probes_disable, off=probes_mod.switched_off(cfg))
     progress = _Progress(True)
     loaded = loader.load(plan, bpf_settings(cfg), progress)
     progress.clear()

@@ -201,6 +201,9 @@ SETTINGS: tuple[Setting, ...] = (
     S("requests.max_begins_per_s_per_pid", "int", 20000,
       "Most request begins accepted per second per process; the excess is dropped and counted",
       min=1, max=10_000_000),
+    S("requests.http", "bool", True,
+      "Find HTTP/1.1 requests of watched processes with no code in them (socket syscall tracepoints, "
+      "docs/HTTP.md); false turns the http_* probes off, and their cost on every read and write of the host"),
     S("requests.mark_users", "list[str]", (),
       "Users (names or uids) whose processes may mark requests; with mark_cgroups, unset: anyone may, within"
       " the per-uid and per-cgroup budgets. Others' markers are counted and dropped in the kernel",
@@ -312,6 +315,7 @@ class Config:
     requests_max_open_per_pid: int
     requests_idle_expiry_s: float
     requests_max_begins_per_s_per_pid: int
+    requests_http: bool
     requests_mark_users: tuple[str, ...]
     requests_mark_cgroups: tuple[str, ...]
     requests_max_begins_per_s_per_uid: int

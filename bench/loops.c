@@ -8,6 +8,8 @@
  *   loops flood    SECONDS                 back-to-back pairs: "pairs ns_per_pair"
  *   loops faults   SECONDS MIB MARK CPU    mmap/touch/munmap storm: "pages seconds minflt cpu_seconds"
  *   loops pingpong SECONDS MARK CPU        two processes through pipes: "roundtrips seconds switches cpu_seconds"
+ *   loops rw       BATCH NBATCH            ns per write()+read() of 64 bytes through a socketpair, per batch
+ *                                          (four socket syscall tracepoints of the zero-code HTTP probes)
  *
  * cpu_seconds is user+system time of the process(es) doing the work: BPF programs run in the context
  * of the task that hit the tracepoint and are charged to it, while time lost to other tasks (or to
@@ -27,6 +29,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -244,6 +247,23 @@ static int cmd_pingpong(double seconds, int marked, int cpu)
 	return 0;
 }
 
+static int cmd_rw(long batch, long nbatch)
+{
+	int sv[2];
+	char buf[64];
+	memset(buf, 'a', sizeof(buf));  /* not an HTTP method: the read side's check says no */
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+		return perror("socketpair"), 1;
+	for (long b = 0; b < nbatch; b++) {
+		uint64_t t0 = now_ns();
+		for (long i = 0; i < batch; i++)
+			if (write(sv[0], buf, sizeof(buf)) != sizeof(buf) || read(sv[1], buf, sizeof(buf)) != sizeof(buf))
+				return perror("rw"), 1;
+		printf("%.1f\n", (double)(now_ns() - t0) / batch);
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -257,6 +277,8 @@ int main(int argc, char **argv)
 		return cmd_flood(atof(argv[2]));
 	if (argc >= 6 && !strcmp(argv[1], "faults"))
 		return cmd_faults(atof(argv[2]), atol(argv[3]), atoi(argv[4]), atoi(argv[5]));
+	if (argc >= 4 && !strcmp(argv[1], "rw"))
+		return cmd_rw(atol(argv[2]), atol(argv[3]));
 	if (argc >= 5 && !strcmp(argv[1], "pingpong"))
 		return cmd_pingpong(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
 	fprintf(stderr, "usage: see the comment at the top of bench/loops.c\n");

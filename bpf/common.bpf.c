@@ -1,5 +1,5 @@
 /* Maps, settings and helpers shared by every probe family. agent/core/loader.py compiles one unit:
- * this file first, then requests.bpf.c, reclaim.bpf.c, cuda.bpf.c, health.bpf.c (each probe under #if
+ * this file first, then requests.bpf.c, http.bpf.c, reclaim.bpf.c, cuda.bpf.c, health.bpf.c (each probe under #if
  * MCP_PROBE_<NAME>), so that every family can add to the same per-request and per-process counters.
  *
  * Settings arrive as -D cflags from agent/core/loader.py: MCP_MAX_OPEN_PER_PID, MCP_MAX_BEGINS_PER_S,
@@ -68,6 +68,10 @@
 #ifndef MCP_MAX_PROCS
 #define MCP_MAX_PROCS 4096
 #endif
+#define MCP_MAX_GROUPS 1024
+#ifndef MCP_HTTP_RINGBUF_PAGES
+#define MCP_HTTP_RINGBUF_PAGES 512
+#endif
 
 /* sched_switch's prev_state is TASK_REPORT_MAX (0x100 since v4.14) when the task was preempted:
  * include/trace/events/sched.h __trace_sched_switch_state(). 0 means it yielded while runnable.
@@ -94,6 +98,16 @@ BPF_PERCPU_ARRAY(stats, u64, MCP_STAT_MAX);
  * --scope) can, which docs/SECURITY.md says: the allow lists are the control that holds then. */
 BPF_TABLE("lru_hash", struct mcp_owner_key, struct mcp_budget, budgets, MCP_MAX_OWNERS);
 BPF_HASH(mark_allow, struct mcp_owner_key, u8, 1024);  /* written by the agent at start */
+/* Counters of each thread of a watched process, and of each serving group (a cgroup whose thread
+ * read an HTTP request head: http.bpf.c), for the differences between a request's BEGIN and END.
+ * LRU: threads and groups come and go; an evicted one restarts at 0 and its requests' differences
+ * say so (agent/http: a counter that went backwards). */
+BPF_TABLE("lru_hash", u32, struct mcp_counters, thread_stats, MCP_MAX_THREADS);
+BPF_TABLE("lru_hash", u64, struct mcp_counters, group_stats, MCP_MAX_GROUPS);
+/* [0]: non-zero once a serving group exists, so that hosts without zero-code requests pay no
+ * cgroup lookup per fault and switch */
+BPF_ARRAY(groups_on, u32, 1);
+BPF_ARRAY(zero_counters, struct mcp_counters, 1);  /* a zero value to insert, off the 512-byte stack */
 
 static __always_inline void stat_inc(u32 idx)
 {
@@ -157,3 +171,46 @@ static __always_inline struct mcp_counters *proc_counters(u32 tgid)
 	return proc_stats.lookup(&tgid);
 }
 
+
+/* A zero-initialised insert takes its value from zero_counters, not the stack (512 bytes in all).
+ * bcc rewrites map.lookup() only where the map is named, hence one function per map. */
+static __always_inline struct mcp_counters *thread_counters(u32 tid)
+{
+	struct mcp_counters *c = thread_stats.lookup(&tid);
+	if (c)
+		return c;
+	u32 z = 0;
+	struct mcp_counters *zero = zero_counters.lookup(&z);
+	if (!zero)
+		return 0;
+	thread_stats.insert(&tid, zero);
+	return thread_stats.lookup(&tid);
+}
+
+static __always_inline struct mcp_counters *group_counters(u64 g)
+{
+	struct mcp_counters *c = group_stats.lookup(&g);
+	if (c)
+		return c;
+	u32 z = 0;
+	struct mcp_counters *zero = zero_counters.lookup(&z);
+	if (!zero)
+		return 0;
+	group_stats.insert(&g, zero);
+	return group_stats.lookup(&g);
+}
+
+/* the current thread's cgroup id when that cgroup is a serving group, else 0 */
+static __always_inline u64 serving_group(void)
+{
+	u32 z = 0;
+	u32 *on = groups_on.lookup(&z);
+	if (!on || !*on)
+		return 0;
+	u64 cg = bpf_get_current_cgroup_id();
+	/* not `lookup() ? cg : 0`: bcc's rewriter crashed clang on that form when headers were broken */
+	struct mcp_counters *g = group_stats.lookup(&cg);
+	if (!g)
+		return 0;
+	return cg;
+}

@@ -120,6 +120,9 @@ struct mcp_offcpu {
 	__u64 ts_ns;
 	__u32 tgid;
 	__u32 runnable;        /* switched out while runnable: the interval is waiting for a CPU */
+	__u64 group;           /* its cgroup's id when that is a serving group (map group_stats), else 0 */
+	__u32 thread;          /* 1: the thread's own counters (map thread_stats) get the interval */
+	__u32 pad;
 };
 
 /* ---- ring buffer records: every record starts with the common header ---- */
@@ -249,6 +252,10 @@ enum mcp_stat {
 	MCP_STAT_BUDGET_MAP_FULL,  /* begin refused: no budget entry could be made */
 	MCP_STAT_RB_REQ_LOST,      /* request ring buffer full: BEGIN/END/stall record not sent */
 	MCP_STAT_BEGIN_PRESSURE,   /* begin refused: the reader is behind and its owner is past its share */
+	MCP_STAT_RB_HTTP_LOST,     /* HTTP ring buffer full: an HTTP BEGIN/END record not sent */
+	MCP_STAT_HTTP_CONN_FULL,   /* HTTP connection not followed: map http_conn full */
+	MCP_STAT_HTTP_RATE,        /* HTTP request not followed: its process over its begins per second */
+	MCP_STAT_HTTP_ARGS_FULL,   /* socket syscall not followed: map http_args full */
 	MCP_STAT_MAX,
 };
 
@@ -370,6 +377,99 @@ struct mcp_ev_tp_raw {
 	__u32 len;                /* bytes of data read: MCP_TP_RAW_LEN, or MCP_TP_RAW_MIN after a failed read */
 	__u8 data[MCP_TP_RAW_LEN];/* the tracepoint record, its 8-byte common header zeroed (the kernel
 	                           * keeps a pt_regs pointer there for BPF); stale bytes past its end */
+};
+
+/* ---- zero-code HTTP/1.1 requests (http.bpf.c, agent/http) ----
+ * Socket syscalls of watched processes: a read whose data starts with an HTTP method begins a
+ * request on that connection (tgid, fd); the response's framing, parsed from its head in the
+ * kernel, ends it (Content-Length reached, or chunked's terminal chunk), else the connection's next
+ * request or its close does. BEGIN and END carry the counters of the receiving thread, its process
+ * and its serving group (cgroup) at that moment: user space takes the differences. */
+#define MCP_HTTP_HEAD_LEN 1024      /* bytes of the request head copied (method, target, traceparent) */
+#define MCP_HTTP_SCAN 512           /* bytes of the response head searched for its framing */
+
+enum mcp_http_event_type {
+	MCP_EV_HTTP_BEGIN = 20,
+	MCP_EV_HTTP_END = 21,
+};
+
+enum mcp_http_state {
+	MCP_HTTP_IDLE = 0,          /* between requests (keep-alive) */
+	MCP_HTTP_REQUEST = 1,       /* request head read, no response yet */
+	MCP_HTTP_RESPONSE = 2,      /* response head written */
+};
+
+enum mcp_http_mode {            /* how the response's end is found */
+	MCP_HTTP_MODE_UNKNOWN = 0,  /* no framing seen: ends at the next request or the close */
+	MCP_HTTP_MODE_LENGTH = 1,   /* head + Content-Length bytes written (no body: 1xx, 204, 304, HEAD) */
+	MCP_HTTP_MODE_CHUNKED = 2,  /* a write ending in the terminal chunk 0\r\n\r\n */
+};
+
+enum mcp_http_end_reason {
+	MCP_HTTP_END_COMPLETE = 0,  /* the response's framing says it is whole */
+	MCP_HTTP_END_NEXT = 1,      /* the connection's next request began first */
+	MCP_HTTP_END_CLOSE = 2,     /* the connection closed (close(), or a read of 0: the peer closed) */
+};
+
+enum mcp_http_syscall {         /* which syscall's arguments map http_args holds */
+	MCP_HTTP_SYS_READ = 0,      /* read, recvfrom: (fd, buf) */
+	MCP_HTTP_SYS_WRITE = 1,     /* write, sendto: (fd, buf) */
+	MCP_HTTP_SYS_WRITEV = 2,    /* writev: (fd, iov, iovcnt) */
+	MCP_HTTP_SYS_SENDMSG = 3,   /* sendmsg: (fd, msghdr) */
+};
+
+struct mcp_http_args {          /* a socket syscall of a watched thread between its entry and exit */
+	__u64 buf;                  /* buffer, iovec array or msghdr */
+	__u64 count;                /* bytes asked for, or iovcnt */
+	__u32 fd;
+	__u32 sys;                  /* enum mcp_http_syscall */
+};
+
+struct mcp_http_conn_key {
+	__u32 tgid;
+	__u32 fd;
+};
+
+struct mcp_http_conn {          /* map http_conn: one followed connection */
+	__u64 conn_id;              /* when it was first seen (ns): tells apart connections reusing an fd */
+	__u64 begin_ns;             /* the open request's head read */
+	__u64 seq;                  /* requests begun on it */
+	__u64 written;              /* response bytes written so far */
+	__u64 expect;               /* MCP_HTTP_MODE_LENGTH: head + body bytes */
+	__u64 group;                /* the serving group (cgroup id) the request's BEGIN snapshot was taken of */
+	__u32 begin_tid;            /* the thread that read the head: the request's thread */
+	__u16 status;               /* the response's status code, 0 before its head */
+	__u8 state;                 /* enum mcp_http_state */
+	__u8 mode;                  /* enum mcp_http_mode */
+	__u8 head_only;             /* the request was HEAD: its response has no body */
+	__u8 pad[7];
+};
+
+struct mcp_ev_http_begin {
+	struct mcp_hdr h;           /* the thread that read the head; ts_ns = the read's return */
+	__u64 conn_id;
+	__u64 seq;
+	__u64 group;                /* the serving group: the thread's cgroup id */
+	__u32 fd;
+	__u32 head_len;             /* bytes of head[] read from the data (<= MCP_HTTP_HEAD_LEN) */
+	struct mcp_counters thread, proc, grp; /* at the begin */
+	__u8 head[MCP_HTTP_HEAD_LEN];
+};
+
+struct mcp_ev_http_end {
+	struct mcp_hdr h;           /* the thread that ended it; ts_ns = the end */
+	__u64 conn_id;
+	__u64 seq;
+	__u64 begin_ns;
+	__u64 written;              /* response bytes written */
+	__u64 group;
+	__u32 fd;
+	__u32 begin_tid;
+	__u16 status;
+	__u8 reason;                /* enum mcp_http_end_reason */
+	__u8 mode;                  /* enum mcp_http_mode */
+	__u32 pad;
+	struct mcp_counters thread, proc, grp; /* at the end: of begin_tid, the process, the group */
 };
 
 #endif

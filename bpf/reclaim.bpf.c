@@ -86,6 +86,15 @@ static __always_inline int reclaim_end(u32 kind, u64 nr_reclaimed)
 		struct mcp_counters *c = proc_counters(tgid);
 		if (c)
 			add_reclaim(c, kind, d, nr_reclaimed);
+		c = thread_stats.lookup(&tid);
+		if (c)
+			add_reclaim(c, kind, d, nr_reclaimed);
+	}
+	u64 g = serving_group();
+	if (g) {
+		struct mcp_counters *c = group_stats.lookup(&g);
+		if (c)
+			add_reclaim(c, kind, d, nr_reclaimed);
 	}
 	u64 request_id = 0;
 	struct mcp_req_state *st = req_by_tid.lookup(&tid);

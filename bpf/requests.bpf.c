@@ -304,6 +304,15 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
 		struct mcp_counters *c = proc_counters(tgid);
 		if (c)
 			__sync_fetch_and_add(&c->faults, 1);
+		c = thread_counters(tid);
+		if (c)
+			c->faults++;
+	}
+	u64 g = serving_group();
+	if (g) {
+		struct mcp_counters *c = group_stats.lookup(&g);
+		if (c)
+			__sync_fetch_and_add(&c->faults, 1);
 	}
 	return 0;
 }
@@ -336,9 +345,27 @@ TRACEPOINT_PROBE(sched, sched_switch)
 				else
 					__sync_fetch_and_add(&c->ivcsw, 1);
 			}
+			c = thread_counters(prev);
+			if (c) {
+				if (voluntary)
+					c->vcsw++;
+				else
+					c->ivcsw++;
+			}
 		}
-		if (st || w) {
-			struct mcp_offcpu o = {.ts_ns = now, .tgid = prev_tgid, .runnable = !voluntary};
+		u64 g = serving_group();  /* current is still prev: its cgroup */
+		if (g) {
+			struct mcp_counters *c = group_stats.lookup(&g);
+			if (c) {
+				if (voluntary)
+					__sync_fetch_and_add(&c->vcsw, 1);
+				else
+					__sync_fetch_and_add(&c->ivcsw, 1);
+			}
+		}
+		if (st || w || g) {
+			struct mcp_offcpu o = {.ts_ns = now, .tgid = prev_tgid, .runnable = !voluntary, .group = g,
+					       .thread = w};
 			offcpu_start.update(&prev, &o);
 		}
 	}
@@ -346,8 +373,25 @@ TRACEPOINT_PROBE(sched, sched_switch)
 		struct mcp_offcpu *o = offcpu_start.lookup(&next);
 		if (o) {
 			u64 d = now - o->ts_ns;
-			u32 tgid = o->tgid, runnable = o->runnable;
+			u32 tgid = o->tgid, runnable = o->runnable, thread = o->thread;
+			u64 g = o->group;
 			offcpu_start.delete(&next);
+			if (thread) {
+				struct mcp_counters *t = thread_stats.lookup(&next);
+				if (t) {
+					t->offcpu_ns += d;
+					if (runnable)
+						t->offcpu_runnable_ns += d;
+				}
+			}
+			if (g) {
+				struct mcp_counters *t = group_stats.lookup(&g);
+				if (t) {
+					__sync_fetch_and_add(&t->offcpu_ns, d);
+					if (runnable)
+						__sync_fetch_and_add(&t->offcpu_runnable_ns, d);
+				}
+			}
 			struct mcp_req_state *st = req_by_tid.lookup(&next);
 			if (st) {
 				st->c.offcpu_ns += d;
@@ -379,6 +423,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 		close_request(tid, tgid);
 	}
 	offcpu_start.delete(&tid);
+	thread_stats.delete(&tid);
 	if (tid != tgid)
 		return 0;
 

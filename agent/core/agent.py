@@ -30,6 +30,7 @@ from ..reclaim.capability import Reclaim
 from ..requests import capability as requests_cap
 from ..requests import owners
 from ..requests.capability import Requests
+from ..http.capability import Http
 from ..telemetry.otel import Telemetry
 from ..telemetry.snapshot import AgentView, SnapshotBuilder, TickState
 from . import discovery, kernel, loader, probes
@@ -121,6 +122,7 @@ class Agent:
         self.routes: dict[int, Route] = self.gpu.routes()
         # made once the programs are loaded
         self.requests: Requests | None = None
+        self.http: Http | None = None
         self.reclaim: Reclaim | None = None
         self.watcher: discovery.Watcher | None = None
         self._last_error_log = 0.0
@@ -142,7 +144,7 @@ class Agent:
         cfg = self.cfg
         raise_nofile()
         hc, mounted = prepare_kernel(cfg)
-        self.plan = probes.plan(cfg.probes_disable)
+        self.plan = probes.plan(cfg.probes_disable, off=probes.switched_off(cfg))
         try:
             allow = owners.allowed_owners(cfg)
         except owners.OwnerError as e:
@@ -180,6 +182,8 @@ class Agent:
                                  evidence=(self.reclaim.evidence, self.gpu.evidence, self.pcie.evidence,
                                            self.nic.evidence, self.cuda_cap.evidence),
                                  listeners=(self.snapshots.on_request,))
+        self.http = Http(self.bpf, finish=self.requests.finish, idle_expiry_s=cfg.requests_idle_expiry_s,
+                         rejected=self.health.rejected, proc_root=self.proc_root)
         self.routes = self._route_table()
         sources = [*self.gpu.start(bpf_xid=self.health.probes.get("gpu_xid") == probes.ATTACHED),
                    *self.pcie.start(enabled=cfg.gpu_enabled), *self.nic.start()]
@@ -191,6 +195,7 @@ class Agent:
         tel.declare(self.health.instruments(exporters.stats))
         self.bpf[b"events"].open_ring_buffer(self._on_event)
         self.bpf[b"req_events"].open_ring_buffer(self.requests.counting(self._on_event))
+        self.bpf[b"http_events"].open_ring_buffer(self._on_event)
         if cfg.process_watch != "all":
             self.watcher = discovery.Watcher(cfg, self.proc_root, lambda: self.bpf, self._survived)
             self.watcher.start()
@@ -201,7 +206,7 @@ class Agent:
     def _route_table(self) -> dict[int, Route]:
         """Record type -> its struct, builder and handlers: each capability's own records, plus the
         handlers of capabilities that consume another's (requests takes reclaim's stalls)."""
-        caps = (self.gpu, self.requests, self.reclaim, self.cuda_cap)
+        caps = (self.gpu, self.requests, self.http, self.reclaim, self.cuda_cap)
         table = {t: r for cap in caps for t, r in cap.routes().items()}
         for cap in caps:
             for rtype, handler in getattr(cap, "handlers", dict)().items():
@@ -293,6 +298,7 @@ class Agent:
             return
         self.timebase.refresh()  # a wall-clock step (NTP, a VM restored) reaches span times within a tick
         self._step("expire", self.requests.tick)
+        self._step("http", self.http.tick)
         self._step("read_maps", self._read_maps)
         self._step("gpu", self._gpu_tick)
         self._step("reclaim_window", self.reclaim.tick)

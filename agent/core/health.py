@@ -22,7 +22,7 @@ class AgentHealth:
     errors: Counter = field(default_factory=Counter)  # failures survived, by where (tick step, map write)
 
     def kernel_lost(self) -> int:
-        return self.kernel_stats.get("rb_lost", 0) + self.kernel_stats.get("rb_req_lost", 0)
+        return sum(self.kernel_stats.get(k, 0) for k in ("rb_lost", "rb_req_lost", "rb_http_lost"))
 
     def all_rejected(self) -> dict[str, int]:
         """Records and markers refused or dropped, by reason: the kernel's and user space's."""

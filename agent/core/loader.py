@@ -44,7 +44,7 @@ def _bpf_class():
 
 
 # One compile unit, in this order: common.bpf.c holds the maps and helpers every family uses.
-UNIT = ("common.bpf.c", "requests.bpf.c", "reclaim.bpf.c", "cuda.bpf.c", "health.bpf.c")
+UNIT = ("common.bpf.c", "requests.bpf.c", "http.bpf.c", "reclaim.bpf.c", "cuda.bpf.c", "health.bpf.c")
 UNIT_NAME = "agent.bpf"
 
 
@@ -64,6 +64,17 @@ def unit_source() -> str:
             with open(path) as f:
                 parts.append(f'#line 1 "{name}"\n' + f.read())
     return "\n".join(parts)
+
+
+def _check_header_tree() -> None:
+    """bcc's prelude includes ./include/linux/kconfig.h of the header tree (BCC_KERNEL_SOURCE, else
+    /lib/modules/R/build when present; kheaders otherwise). Without it the compile stops at its first
+    line, and libbcc 0.26's type visitor then walks the broken AST and can crash the process
+    (SIGSEGV in BTypeVisitor::VisitVarDecl, seen with a tree holding only include/): refused here."""
+    tree = os.environ.get("BCC_KERNEL_SOURCE") or f"/lib/modules/{os.uname().release}/build"
+    if os.path.isdir(tree) and not os.path.exists(os.path.join(tree, "include", "linux", "kconfig.h")):
+        raise LoadError(f"compile {UNIT_NAME}: Failed to compile: {tree} has no include/linux/kconfig.h "
+                        "(not a kernel header tree)")
 
 
 def _compile_quietly(text: str, cflags: list[str], progress: Callable[[str], None] | None):
@@ -143,6 +154,7 @@ def load(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], No
     if not enabled:
         return []
     try:
+        _check_header_tree()
         bpf, secs = _compile_quietly(unit_source(), cflags_for(plan, settings) + list(extra_cflags), progress)
     except LoadError as e:
         for spec in enabled:

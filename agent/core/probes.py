@@ -55,6 +55,9 @@ class ProbeSpec:
 
 
 TRACEPOINT_KINDS = ("tracepoint", "tracepoint_raw")  # checked against tracefs, attached by the loader
+# What the zero-code HTTP probes cannot see, said wherever they are listed (docs/HTTP.md: the plan)
+HTTP_HINT = ("needs CONFIG_FTRACE_SYSCALLS; sees HTTP/1.1 in cleartext only: not TLS, HTTP/2, io_uring or"
+             " sendfile (docs/HTTP.md)")
 
 
 PROBES: tuple[ProbeSpec, ...] = (
@@ -87,6 +90,22 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("reclaim_shrink", "vmscan:mm_vmscan_lru_shrink_inactive", "reclaim.bpf.c",
               "pages scanned/reclaimed by kswapd, direct and memcg reclaim (cf. /proc/vmstat)",
               "needs vmscan events"),
+    # zero-code HTTP/1.1 requests (http.bpf.c): socket syscalls of watched processes, no kprobes
+    *(ProbeSpec(name, f"syscalls:{tp}", "http.bpf.c", provides, HTTP_HINT) for name, tp, provides in (
+        ("http_read", "sys_enter_read", "zero-code HTTP requests: read() arguments of watched processes"),
+        ("http_read_ret", "sys_exit_read", "zero-code HTTP requests: a request head read (begin), a peer's close"),
+        ("http_recvfrom", "sys_enter_recvfrom", "zero-code HTTP requests: recv()/recvfrom() arguments"),
+        ("http_recvfrom_ret", "sys_exit_recvfrom", "zero-code HTTP requests: a request head received (begin)"),
+        ("http_write", "sys_enter_write", "zero-code HTTP responses: write() arguments inside a request"),
+        ("http_write_ret", "sys_exit_write", "zero-code HTTP responses: head (status, framing), end"),
+        ("http_sendto", "sys_enter_sendto", "zero-code HTTP responses: send()/sendto() arguments"),
+        ("http_sendto_ret", "sys_exit_sendto", "zero-code HTTP responses: head (status, framing), end"),
+        ("http_writev", "sys_enter_writev", "zero-code HTTP responses: writev() arguments (uvloop)"),
+        ("http_writev_ret", "sys_exit_writev", "zero-code HTTP responses: head (status, framing), end"),
+        ("http_sendmsg", "sys_enter_sendmsg", "zero-code HTTP responses: sendmsg() arguments (asyncio writelines)"),
+        ("http_sendmsg_ret", "sys_exit_sendmsg", "zero-code HTTP responses: head (status, framing), end"),
+        ("http_close", "sys_enter_close", "zero-code HTTP requests: a connection's close ends its open request"),
+    )),
     # CUDA driver and NVIDIA ioctls (cuda.bpf.c): uprobes per libcuda inode and the two tracepoint
     # programs named apart from requests.bpf.c's are attached by agent/cuda/capability.py, symbol by symbol.
     ProbeSpec("cuda_launch", "uprobe:libcuda:cuLaunchKernel(_ptsz),cuLaunchKernelEx(_ptsz)", "cuda.bpf.c",
@@ -175,12 +194,22 @@ class ProbePlan:
                 + (f"; libcuda uprobes {', '.join(up)}" if up else ""))
 
 
-def plan(disabled: list[str] | tuple[str, ...] = (), exists=tracepoint_exists) -> ProbePlan:
-    """Decide before compiling. State ATTACHED here means 'to be attached'; the loader corrects it."""
+HTTP_PROBES = tuple(p.name for p in PROBES if p.program == "http.bpf.c")
+
+
+def switched_off(cfg) -> dict[str, str]:
+    """Probes a setting other than probes.disable turns off -> the reason shown."""
+    return {} if cfg.requests_http else dict.fromkeys(HTTP_PROBES, "disabled by requests.http = false")
+
+
+def plan(disabled: list[str] | tuple[str, ...] = (), exists=tracepoint_exists, off: dict[str, str] | None = None) -> ProbePlan:
+    """Decide before compiling. State ATTACHED here means 'to be attached'; the loader corrects it.
+    off: probes turned off by other settings (switched_off), with their reasons."""
     p = ProbePlan()
+    off = off or {}
     for spec in PROBES:
-        if spec.name in disabled:
-            p.statuses[spec.name] = ProbeStatus(spec, DISABLED, "disabled by probes.disable")
+        if spec.name in disabled or spec.name in off:
+            p.statuses[spec.name] = ProbeStatus(spec, DISABLED, off.get(spec.name, "disabled by probes.disable"))
         elif spec.kind in TRACEPOINT_KINDS and not exists(*spec.tracepoint.split(":")):
             why = MISSING_WHY.get(spec.tracepoint.replace(":", "/"))
             p.statuses[spec.name] = ProbeStatus(

@@ -87,7 +87,7 @@ class Budget(ctypes.Structure):
 
 
 class Offcpu(ctypes.Structure):
-    _fields_ = [("ts_ns", u64), ("tgid", u32), ("runnable", u32)]
+    _fields_ = [("ts_ns", u64), ("tgid", u32), ("runnable", u32), ("group", u64), ("thread", u32), ("pad", u32)]
 
 
 class Hdr(ctypes.Structure):
@@ -169,7 +169,7 @@ KERNEL_STATS = {
     if name.startswith("MCP_STAT_") and name != "MCP_STAT_MAX"
 }
 # Stats that count activity, not a record lost or refused: kept out of hostagent.agent.records.rejected.
-ACTIVITY_STATS = frozenset({"rb_lost", "rb_req_lost", "cu_launch_hits", "cu_auto_watch"})
+ACTIVITY_STATS = frozenset({"rb_lost", "rb_req_lost", "rb_http_lost", "cu_launch_hits", "cu_auto_watch"})
 
 
 # ---- CUDA driver calls and NVIDIA ioctls (bpf/cuda.bpf.c, agent/cuda/capability.py) ----
@@ -232,3 +232,44 @@ class EvTpRaw(ctypes.Structure):
 
 
 STRUCTS["mcp_ev_tp_raw"] = EvTpRaw
+
+
+# ---- zero-code HTTP/1.1 requests (bpf/http.bpf.c, agent/http) ----
+class HttpArgs(ctypes.Structure):
+    _fields_ = [("buf", u64), ("count", u64), ("fd", u32), ("sys", u32)]
+
+
+class HttpConnKey(ctypes.Structure):
+    _fields_ = [("tgid", u32), ("fd", u32)]
+
+
+class HttpConn(ctypes.Structure):
+    _fields_ = [("conn_id", u64), ("begin_ns", u64), ("seq", u64), ("written", u64), ("expect", u64),
+                ("group", u64), ("begin_tid", u32), ("status", u16), ("state", u8), ("mode", u8),
+                ("head_only", u8), ("pad", u8 * 7)]
+
+
+class EvHttpBegin(ctypes.Structure):
+    _fields_ = [("h", Hdr), ("conn_id", u64), ("seq", u64), ("group", u64), ("fd", u32), ("head_len", u32),
+                ("thread", Counters), ("proc", Counters), ("grp", Counters),
+                ("head", u8 * C["MCP_HTTP_HEAD_LEN"])]
+
+
+class EvHttpEnd(ctypes.Structure):
+    _fields_ = [("h", Hdr), ("conn_id", u64), ("seq", u64), ("begin_ns", u64), ("written", u64), ("group", u64),
+                ("fd", u32), ("begin_tid", u32), ("status", u16), ("reason", u8), ("mode", u8), ("pad", u32),
+                ("thread", Counters), ("proc", Counters), ("grp", Counters)]
+
+
+STRUCTS.update({
+    "mcp_http_args": HttpArgs,
+    "mcp_http_conn_key": HttpConnKey,
+    "mcp_http_conn": HttpConn,
+    "mcp_ev_http_begin": EvHttpBegin,
+    "mcp_ev_http_end": EvHttpEnd,
+})
+
+HTTP_END_REASONS = {C["MCP_HTTP_END_COMPLETE"]: "complete", C["MCP_HTTP_END_NEXT"]: "next_request",
+                    C["MCP_HTTP_END_CLOSE"]: "closed"}
+HTTP_MODES = {C["MCP_HTTP_MODE_UNKNOWN"]: "unknown", C["MCP_HTTP_MODE_LENGTH"]: "length",
+              C["MCP_HTTP_MODE_CHUNKED"]: "chunked"}

@@ -9,7 +9,7 @@ Every oddity is counted in `rejected` by reason, never raised.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.decode import Counters
 from ..reclaim.records import ReclaimStall
@@ -34,10 +34,22 @@ class FinishedRequest:
     end_reason: str
     counters: Counters
     stalls: tuple[ReclaimStall, ...] = ()  # reclaim stalls over the threshold, on this thread, in order
+    # zero-code HTTP requests (agent/http): span attributes of their own; the process's and the serving
+    # group's counters over the window, by scope name; the response's status (0: none seen)
+    attributes: dict = field(default_factory=dict)
+    scopes: tuple = ()  # ((scope, Counters), ...)
+    http_status: int | None = None  # None: not an HTTP request
 
     @property
     def is_error(self) -> bool:
-        return self.end_reason in ERROR_REASONS
+        return self.end_reason in ERROR_REASONS or self.http_status == 0 or (self.http_status or 0) >= 500
+
+    @property
+    def error_text(self) -> str:
+        if self.end_reason in ERROR_REASONS:
+            return f"request ended: {self.end_reason}"
+        return f"HTTP {self.http_status}" if self.http_status else "no HTTP response"
+
 
 
 class RequestJoiner:

@@ -60,12 +60,20 @@ def request_attributes(fr: FinishedRequest) -> dict:
         "process.pid": fr.tgid,
         "thread.id": fr.tid,
         "hostagent.request.id": f"{fr.request_id:016x}",
+        "hostagent.request.source": "marker",  # agent/http sets "http"
         "hostagent.request.end_reason": fr.end_reason,
         "hostagent.request.traceparent": fr.traceparent_state,
         "hostagent.cgroup.id": fr.cgroup_id,
     }
     attrs.update(counter_attributes(fr.counters, ALWAYS_SHOWN))
+    attrs.update(fr.attributes)
+    for scope, counters in fr.scopes:  # "process", "group": hostagent.faults.user -> hostagent.<scope>.faults.user
+        attrs.update({scoped(name, scope): v for name, v in counter_attributes(counters, ALWAYS_SHOWN).items()})
     return attrs
+
+
+def scoped(name: str, scope: str) -> str:
+    return name.replace("hostagent.", f"hostagent.request.{scope}.", 1)
 
 
 def stall_span(stall) -> SpanSpec:
@@ -81,7 +89,7 @@ def request_span(fr: FinishedRequest, proc_attrs: dict, evidence) -> SpanSpec:
     attrs.update(evidence.attributes)
     return SpanSpec(SPAN_NAME, fr.begin_ns, fr.end_ns, attrs, parent=fr.parent, links=evidence.links,
                     events=evidence.events, children=tuple(stall_span(s) for s in fr.stalls),
-                    error=f"request ended: {fr.end_reason}" if fr.is_error else None, resource=proc_attrs)
+                    error=fr.error_text if fr.is_error else None, resource=proc_attrs)
 
 
 def duration_row(fr: FinishedRequest, proc_attrs: dict) -> tuple[float, dict]:

@@ -80,7 +80,8 @@ def finished(counters=Counters(), end_reason="marked", stalls=(), parent=PARENT,
 
 BASE = {"process.pid": 10, "thread.id": 11,
         "hostagent.request.id": "0000000000000abc", "hostagent.request.end_reason": "marked",
-        "hostagent.request.traceparent": "valid", "hostagent.cgroup.id": 4242}
+        "hostagent.request.traceparent": "valid", "hostagent.cgroup.id": 4242,
+        "hostagent.request.source": "marker"}
 
 
 # ---- request_attributes ----
@@ -120,7 +121,8 @@ def test_request_attributes_counters_shown_when_non_zero_but_the_four(counters, 
 def test_request_attributes_each_counter_alone(field):
     got = T.request_attributes(finished(Counters(**{field: 7})))
     counters = {k: v for k, v in got.items() if k.startswith("hostagent.") and k not in
-                ("hostagent.request.id", "hostagent.request.end_reason", "hostagent.request.traceparent", "hostagent.cgroup.id")}
+                ("hostagent.request.id", "hostagent.request.end_reason", "hostagent.request.traceparent", "hostagent.cgroup.id",
+                 "hostagent.request.source")}
     assert counters == {**FOUR, DOC_NAMES[field]: s_(7) if field in DOC_TIME_FIELDS else 7}
     assert set(got) - set(counters) == set(BASE)
 
@@ -132,6 +134,7 @@ def test_request_attributes_are_the_request_own_and_the_process_identity_is_the_
     assert T.request_attributes(fr) == {
         "process.pid": 10, "thread.id": 11, "hostagent.request.id": "ffffffffffffffff",
         "hostagent.request.end_reason": "expired", "hostagent.request.traceparent": "begin_lost",
+        "hostagent.request.source": "marker",
         "hostagent.cgroup.id": 4242, **FOUR}
     proc = {"process.pid": 999, "thread.id": 998, "container.id": "c1", "process.command_line": "a b"}
     got = T.request_span(fr, proc, NONE)
@@ -193,7 +196,8 @@ def test_request_span_without_evidence_or_stalls():
     got = T.request_span(finished(parent=None, state="missing"), {}, NONE)
     assert got == SpanSpec("hostagent.request", 1_000_000, 3_500_000, {
         "process.pid": 10, "thread.id": 11, "hostagent.request.id": "0000000000000abc",
-        "hostagent.request.end_reason": "marked", "hostagent.request.traceparent": "missing", "hostagent.cgroup.id": 4242, **FOUR},
+        "hostagent.request.end_reason": "marked", "hostagent.request.traceparent": "missing", "hostagent.cgroup.id": 4242,
+        "hostagent.request.source": "marker", **FOUR},
         resource={})
     assert (got.parent, got.links, got.events, got.children, got.error) == (None, (), (), (), None)
 

@@ -60,6 +60,7 @@ EXPECTED_KEYS = [
     "requests.max_open_per_pid",
     "requests.idle_expiry_s",
     "requests.max_begins_per_s_per_pid",
+    "requests.http",
     "requests.mark_users",
     "requests.mark_cgroups",
     "requests.max_begins_per_s_per_uid",

@@ -1,0 +1,73 @@
+"""Zero-code HTTP requests: the records of bpf/http.bpf.c -> the requests capability's spans.
+
+BEGIN/END are paired by the joiner (join.py) into the FinishedRequest a marked request becomes, and
+handed to Requests.finish: the same evidence, span and duration metric. Connections whose process
+exited, or whose request idled past requests.idle_expiry_s, are removed from the kernel map here
+(the kernel sees no close for a process killed with its sockets open: exit closes fds without the
+close syscall).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..core import records as R
+from .join import HttpJoiner
+from . import records
+
+SCAN_S = 5.0  # between scans of the kernel's connection map
+
+
+class Http:
+    def __init__(self, bpf, *, finish, idle_expiry_s: float, rejected, proc_root: str = "/proc"):
+        """finish: Requests.finish (a FinishedRequest -> its span, metric and listeners)."""
+        self.bpf = bpf
+        self.finish = finish
+        self.idle_expiry_s = idle_expiry_s
+        self.proc_root = proc_root
+        self.joiner = HttpJoiner(rejected)
+        self._next_scan = 0.0
+
+    def routes(self):
+        handlers = {R.C["MCP_EV_HTTP_BEGIN"]: self.joiner.on_begin, R.C["MCP_EV_HTTP_END"]: self.on_end}
+        return {t: r.with_handlers(handlers[t]) for t, r in records.DECODERS.items()}
+
+    def instruments(self):
+        return ()  # request spans and hostagent.request.duration are the requests capability's
+
+    def on_end(self, rec: records.HttpEnd) -> None:
+        self.finish(self.joiner.on_end(rec))
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_scan:
+            self._next_scan = now + min(SCAN_S, self.idle_expiry_s / 2)
+            self.scan()
+
+    def scan(self) -> None:
+        conns = self.bpf[b"http_conn"]
+        now_ns = time.monotonic_ns()
+        idle_ns = int(self.idle_expiry_s * 1e9)
+        alive: dict[int, bool] = {}
+        for k, c in list(conns.items()):
+            tgid = k.tgid
+            if tgid not in alive:
+                alive[tgid] = os.path.exists(f"{self.proc_root}/{tgid}")
+            open_req = c.state != R.C["MCP_HTTP_IDLE"]
+            if alive[tgid] and not (open_req and now_ns - c.begin_ns >= idle_ns):
+                continue
+            try:
+                del conns[k]
+            except KeyError:  # closed by the kernel meanwhile
+                continue
+            if open_req:
+                fr = self.joiner.on_gone(tgid, c.conn_id, c.seq, now_ns, "expired" if alive[tgid] else "process_exit")
+                if fr is not None:
+                    self.finish(fr)
+        # BEGINs whose END was lost (ring full) and whose connection has moved on
+        live = {(k.tgid, c.conn_id, c.seq) for k, c in conns.items()}
+        for key, o in list(self.joiner.open.items()):
+            if key not in live and now_ns - o.rec.hdr.ts_ns >= idle_ns:
+                self.joiner.forget(key)
+                self.joiner.rejected["http_end_lost"] += 1

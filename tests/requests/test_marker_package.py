@@ -1,0 +1,114 @@
+"""The dependency-free marker package (packaging/marker: mcp_hostagent_marker) and its one-line
+integrations: its wire constants and struct are the header's, it imports nothing beyond the standard
+library, it builds alone, and (real BPF) its ASGI middleware and OTel span processor mark requests
+the agent turns into spans under the caller's trace."""
+
+from __future__ import annotations
+
+import ctypes
+import http.client
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+
+import mcp_hostagent_marker as M
+from mcp_hostagent.core import records as R
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+HTTP_TESTS = os.path.join(REPO, "tests", "http")
+
+
+def test_wire_format_is_the_headers():
+    assert (M.MAGIC, M.VERSION, M.MARK_CMD, M.OP_BEGIN, M.OP_END, M.TRACEPARENT_LEN) == (
+        R.C["MCP_MARK_MAGIC"], R.C["MCP_MARK_VERSION"], R.C["MCP_MARK_CMD"], R.C["MCP_OP_BEGIN"], R.C["MCP_OP_END"],
+        R.C["MCP_TRACEPARENT_LEN"])
+    assert ctypes.sizeof(M.Mark) == ctypes.sizeof(R.Mark) == 72
+    assert [(n, getattr(M.Mark, n).offset) for n, _ in M.Mark._fields_] == \
+        [(n, getattr(R.Mark, n).offset) for n, _ in R.Mark._fields_]
+
+
+def test_imports_nothing_beyond_the_standard_library():
+    code = ("import sys, mcp_hostagent_marker, mcp_hostagent_marker.asgi; "
+            "print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))")
+    mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert not mods & {"opentelemetry", "grpc", "pyroute2", "psutil", "bcc", "click", "mcp_hostagent"}, mods
+
+
+def test_builds_alone_without_dependencies(tmp_path):
+    src = tmp_path / "src"  # a copy: setuptools leaves build/ and *.egg-info where it builds
+    shutil.copytree(os.path.join(REPO, "packaging", "marker"), src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+                    str(src)], check=True, capture_output=True)
+    (whl,) = out.glob("mcp_hostagent_marker-*.whl")
+    with zipfile.ZipFile(whl) as z:
+        names = z.namelist()
+        meta = z.read(next(n for n in names if n.endswith("METADATA"))).decode()
+    assert {n.split("/")[0] for n in names if not n.startswith("mcp_hostagent_marker-")} == {"mcp_hostagent_marker"}
+    requires = [ln for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
+    assert all("extra == " in ln for ln in requires), requires  # only the optional otel extra
+
+
+@pytest.mark.bpf
+def test_otel_span_processor_marks_server_spans(agent):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import SpanKind
+
+    from mcp_hostagent_marker.otel import MarkServerSpans
+
+    provider = TracerProvider()
+    provider.add_span_processor(MarkServerSpans())
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("GET /x", kind=SpanKind.SERVER) as server:
+        time.sleep(0.01)
+        with tracer.start_as_current_span("inner", kind=SpanKind.INTERNAL):
+            pass  # not a SERVER span: no second mark
+    ctx = server.get_span_context()
+    spans = [s for s in agent.wait_spans(1, **{"process.pid": os.getpid()})
+             if s.parent is not None and s.parent.span_id == ctx.span_id]
+    assert len(spans) == 1, spans
+    s = spans[0]
+    assert s.parent.trace_id == ctx.trace_id and s.attributes["hostagent.request.end_reason"] == "marked"
+    assert s.attributes["hostagent.request.source"] == "marker"
+
+
+@pytest.mark.bpf
+def test_asgi_middleware_marks_each_request_of_a_fastapi_app(agent):
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    srv = subprocess.Popen([sys.executable, "-m", "uvicorn", "marked_app:marked", "--app-dir", HTTP_TESTS,
+                            "--host", "127.0.0.1", "--port", str(port), "--loop", "asyncio", "--http", "h11",
+                            "--log-level", "warning"])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/status/204")
+                conn.getresponse().read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and srv.poll() is None
+                time.sleep(0.1)
+        tps = [f"00-{0xA5170 + i:032x}-{0x700 + i:016x}-01" for i in range(3)]
+        for i, tp in enumerate(tps):
+            conn.request("GET", f"/touch?pages={50 + i}", headers={"traceparent": tp})
+            assert conn.getresponse().read()
+        for i in range(3):
+            got = [s for s in agent.wait_spans(4, **{"process.pid": srv.pid})
+                   if s.parent is not None and s.parent.span_id == 0x700 + i]
+            assert len(got) == 1, got  # one span: the marker's (a marking process is not also found by HTTP)
+            assert got[0].parent.trace_id == 0xA5170 + i
+            assert got[0].attributes["hostagent.request.source"] == "marker"
+            assert got[0].attributes["hostagent.faults.user"] >= 50 + i
+    finally:
+        srv.kill()
+        srv.wait()
