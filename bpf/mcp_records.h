@@ -64,6 +64,9 @@ struct mcp_counters {
 	/* requests.bpf.c, appended */
 	__u64 offcpu_runnable_ns; /* the part of offcpu_ns switched out while runnable (preempted or
 	                           * yielded: prev_state 0 or TASK_REPORT_MAX) -> back in: run-queue wait */
+	__u64 wakeup_wait_ns;    /* sched:sched_wakeup(_new) -> switched in, after a sleep: run-queue wait
+	                          * at wake-up; with offcpu_runnable_ns, all of it (schedstat's run delay) */
+	__u64 wakeups;           /* wake-ups measured in wakeup_wait_ns */
 };
 
 /* per-thread state of an open request (map req_by_tid) */
@@ -123,6 +126,7 @@ struct mcp_offcpu {
 	__u64 group;           /* its cgroup's id when that is a serving group (map group_stats), else 0 */
 	__u32 thread;          /* 1: the thread's own counters (map thread_stats) get the interval */
 	__u32 pad;
+	__u64 woken_ns;        /* sched_wakeup of the sleeping thread, 0 before it */
 };
 
 /* ---- ring buffer records: every record starts with the common header ---- */

@@ -1,7 +1,7 @@
 /* Request windows and their first counters, kept in the kernel.
  *
  * Hooks: syscalls:sys_enter_ioctl (request marker on fd -1), exceptions:page_fault_user,
- * sched:sched_switch, sched:sched_process_exit. Reads only tracepoint fields and BPF helpers,
+ * sched:sched_switch, sched:sched_wakeup, sched:sched_process_exit. Reads only tracepoint fields and BPF helpers,
  * never kernel struct offsets, so near-miss kernel headers are safe.
  *
  * High-rate hooks (faults, switches) only add to map entries; the ring buffer carries request
@@ -375,6 +375,9 @@ TRACEPOINT_PROBE(sched, sched_switch)
 			u64 d = now - o->ts_ns;
 			u32 tgid = o->tgid, runnable = o->runnable, thread = o->thread;
 			u64 g = o->group;
+			/* woken after a sleep: the wait from the wake-up to now was on a run queue */
+			u64 w = o->woken_ns && o->woken_ns <= now ? now - o->woken_ns : 0;
+			u64 woke = o->woken_ns != 0;
 			offcpu_start.delete(&next);
 			if (thread) {
 				struct mcp_counters *t = thread_stats.lookup(&next);
@@ -382,6 +385,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
 					t->offcpu_ns += d;
 					if (runnable)
 						t->offcpu_runnable_ns += d;
+					t->wakeup_wait_ns += w;
+					t->wakeups += woke;
 				}
 			}
 			if (g) {
@@ -390,6 +395,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
 					__sync_fetch_and_add(&t->offcpu_ns, d);
 					if (runnable)
 						__sync_fetch_and_add(&t->offcpu_runnable_ns, d);
+					if (woke) {
+						__sync_fetch_and_add(&t->wakeup_wait_ns, w);
+						__sync_fetch_and_add(&t->wakeups, 1);
+					}
 				}
 			}
 			struct mcp_req_state *st = req_by_tid.lookup(&next);
@@ -397,18 +406,42 @@ TRACEPOINT_PROBE(sched, sched_switch)
 				st->c.offcpu_ns += d;
 				if (runnable)
 					st->c.offcpu_runnable_ns += d;
+				st->c.wakeup_wait_ns += w;
+				st->c.wakeups += woke;
 			}
 			struct mcp_counters *c = proc_stats.lookup(&tgid);
 			if (c) {
 				__sync_fetch_and_add(&c->offcpu_ns, d);
 				if (runnable)
 					__sync_fetch_and_add(&c->offcpu_runnable_ns, d);
+				if (woke) {
+					__sync_fetch_and_add(&c->wakeup_wait_ns, w);
+					__sync_fetch_and_add(&c->wakeups, 1);
+				}
 			}
 		}
 	}
 	return 0;
 }
 #endif /* MCP_PROBE_SCHED_SWITCH */
+
+/* A tracked thread that slept (its off-CPU entry says not runnable) is made runnable: from here to
+ * its switch-in it waits on a run queue (kernel/sched/core.c ttwu_do_activate() fires the event once
+ * the task is TASK_RUNNING and enqueued). Every wake-up of the host passes here: one LRU lookup. */
+static __always_inline void wakeup(u32 pid)
+{
+	struct mcp_offcpu *o = offcpu_start.lookup(&pid);
+	if (o && !o->runnable && !o->woken_ns)
+		o->woken_ns = bpf_ktime_get_ns();
+}
+
+#if MCP_PROBE_SCHED_WAKEUP
+TRACEPOINT_PROBE(sched, sched_wakeup)
+{
+	wakeup(args->pid);
+	return 0;
+}
+#endif /* MCP_PROBE_SCHED_WAKEUP */
 
 #if MCP_PROBE_PROCESS_EXIT
 TRACEPOINT_PROBE(sched, sched_process_exit)

@@ -136,6 +136,11 @@ class Processes:
             Instrument("hostagent.process.offcpu.time", "counter", "s",
                        "time the process's threads spent switched out (sleeping or waiting for a CPU)",
                        p(lambda c: [(c.offcpu_ns / 1e9, {})])),
+            Instrument("hostagent.process.runqueue.wait.time", "counter", "s",
+                       "time the process's threads were runnable but not running: preempted, or woken and not yet"
+                       " on a CPU (schedstat's run delay, for the threads the agent follows)",
+                       p(lambda c: [(c.offcpu_runnable_ns / 1e9, {"hostagent.runqueue.wait": "preempted"}),
+                                    (c.wakeup_wait_ns / 1e9, {"hostagent.runqueue.wait": "wakeup"})])),
             Instrument("process.paging.faults", "counter", "{fault}",
                        "faults by type since the process started (/proc/PID/stat)", self._faults_rows),
             Instrument("hostagent.process.reclaim.stall.time", "counter", "s",

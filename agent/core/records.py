@@ -64,7 +64,7 @@ class Counters(ctypes.Structure):
         "cu_launch", "cu_launch_ptsz", "cu_launch_ex", "cu_launch_ex_ptsz", "cu_graph_launch",
         "cu_ctx_ops", "cu_ctx_ns", "cu_syncs", "cu_sync_ns", "cu_allocs", "cu_alloc_ns", "cu_frees",
         "cu_free_ns", "nv_ioctls", "nv_ioctl_ns", "sampled",
-        "offcpu_runnable_ns",
+        "offcpu_runnable_ns", "wakeup_wait_ns", "wakeups",
     )]
 
 
@@ -87,7 +87,8 @@ class Budget(ctypes.Structure):
 
 
 class Offcpu(ctypes.Structure):
-    _fields_ = [("ts_ns", u64), ("tgid", u32), ("runnable", u32), ("group", u64), ("thread", u32), ("pad", u32)]
+    _fields_ = [("ts_ns", u64), ("tgid", u32), ("runnable", u32), ("group", u64), ("thread", u32), ("pad", u32),
+                ("woken_ns", u64)]
 
 
 class Hdr(ctypes.Structure):

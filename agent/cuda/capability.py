@@ -708,6 +708,7 @@ class Cuda:
         self.telemetry = None  # attach_telemetry(), once the BPF programs loaded
         self.probes: CudaProbes | None = None
         self.gate = steps.OutlierGate(0.05, 10.0)  # start() sets the configured ones
+        self.step_log = steps.StepLog()  # for the requests in flight beside the steps
 
     def attach_telemetry(self, telemetry) -> None:
         self.telemetry = telemetry
@@ -737,6 +738,7 @@ class Cuda:
 
     def on_step(self, step: steps.GpuStep) -> None:
         """Every step into the histograms; a span only for an outlier (steps.OutlierGate)."""
+        self.step_log.add(step)
         proc_attrs = self.processes.attrs(step.hdr.tgid, step.hdr.comm)
         dur_s = max(step.hdr.ts_ns - step.begin_ns, 0) / 1e9
         labels = cuda_telemetry.step_attributes(proc_attrs)
@@ -752,8 +754,11 @@ class Cuda:
 
     def evidence(self, fr) -> Evidence:
         found = steps.findings(fr.counters, fr.end_ns - fr.begin_ns)
+        # the serving group's steps (a batching engine's): an HTTP request's group, else the thread's cgroup
+        group = fr.attributes.get("hostagent.request.group.cgroup_id") or fr.cgroup_id
         return Evidence({**{f"hostagent.finding.{k}": v for k, v in found.items()},
-                         **self._coverage(fr.counters, fr.tgid, fr.begin_ns, fr.end_ns)})
+                         **self._coverage(fr.counters, fr.tgid, fr.begin_ns, fr.end_ns),
+                         **self.step_log.summary(group, fr.begin_ns, fr.end_ns)})
 
     def _coverage(self, counters, pid: int, t0_ns: int, t1_ns: int) -> dict:
         """The launch counts of a window where a probe was duty-cycled: estimates or unknown, labelled

@@ -100,3 +100,43 @@ class OutlierGate:
         self.tokens -= 1.0
         st[2] = now
         return True
+
+
+# ---- GPU steps of a request's serving group (pure) ----
+class StepLog:
+    """Recent GPU steps by cgroup, so that a request can say what the batching engine beside it did
+    while it was in flight (an engine process is in the front end's cgroup: its container or unit).
+    Bounded: steps older than KEEP_NS, and past MAX_STEPS the oldest, are dropped."""
+
+    KEEP_NS = 120 * 10**9
+    MAX_STEPS = 65536
+
+    def __init__(self) -> None:
+        from collections import deque
+
+        self._steps: deque = deque()  # (end_ns, begin_ns, cgroup_id, tgid, launches, sync_ns)
+
+    def add(self, step: GpuStep) -> None:
+        s = self._steps
+        s.append((step.hdr.ts_ns, step.begin_ns, step.hdr.cgroup_id, step.hdr.tgid, step.launches, step.sync_ns))
+        while s and (len(s) > self.MAX_STEPS or s[0][0] < step.hdr.ts_ns - self.KEEP_NS):
+            s.popleft()
+
+    def summary(self, cgroup_id: int, t0_ns: int, t1_ns: int) -> dict:
+        """Span attributes for the steps of that cgroup overlapping [t0, t1]; {} when none."""
+        n = launches = sync_ns = 0
+        longest = 0
+        pids = set()
+        for end, begin, cg, tgid, nl, sn in self._steps:
+            if cg != cgroup_id or end <= t0_ns or begin >= t1_ns:
+                continue
+            n += 1
+            launches += nl
+            sync_ns += sn
+            longest = max(longest, end - begin)
+            pids.add(tgid)
+        if not n:
+            return {}
+        return {"hostagent.request.gpu_steps.count": n, "hostagent.request.gpu_steps.duration.max": longest / 1e9,
+                "hostagent.request.gpu_steps.launches": launches, "hostagent.request.gpu_steps.sync.time": sync_ns / 1e9,
+                "hostagent.request.gpu_steps.processes": len(pids)}

@@ -42,6 +42,8 @@ COUNTER_ATTRS = {
     "nv_ioctl_ns": "hostagent.nvidia.ioctl.time",
     "sampled": "hostagent.cuda.sampled",
     "offcpu_runnable_ns": "hostagent.offcpu.runnable.time",
+    "wakeup_wait_ns": "hostagent.offcpu.wakeup_wait.time",
+    "wakeups": "hostagent.offcpu.wakeups",
 }
 ALWAYS_SHOWN = {"faults", "vcsw", "ivcsw", "offcpu_ns"}
 TIME_FIELDS = frozenset(f for f in COUNTER_ATTRS if f.endswith("_ns"))

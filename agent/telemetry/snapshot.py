@@ -299,7 +299,7 @@ def counter_rates(prev, cur, dt_s: float) -> dict[str, float | None]:
     if prev is None or dt_s <= 0:
         return dict.fromkeys(keys)
     d = {}
-    for name in ("faults", "offcpu_ns", "offcpu_runnable_ns", "direct_reclaim_ns", "memcg_reclaim_ns", "cu_ctx_ops", "cu_ctx_ns",
+    for name in ("faults", "offcpu_ns", "offcpu_runnable_ns", "wakeup_wait_ns", "direct_reclaim_ns", "memcg_reclaim_ns", "cu_ctx_ops", "cu_ctx_ns",
                  "cu_sync_ns", "nv_ioctls", *LAUNCH_FIELDS):
         d[name] = _c(cur, name) - _c(prev, name)
         if d[name] < 0:
@@ -312,7 +312,7 @@ def counter_rates(prev, cur, dt_s: float) -> dict[str, float | None]:
         "faults_per_s": d["faults"] / dt_s,
         "reclaim_ms_per_s": (d["direct_reclaim_ns"] + d["memcg_reclaim_ns"]) / 1e6 / dt_s,
         "offcpu_pct": d["offcpu_ns"] / 1e9 / dt_s * 100,
-        "wait_pct": d["offcpu_runnable_ns"] / 1e9 / dt_s * 100,
+        "wait_pct": (d["offcpu_runnable_ns"] + d["wakeup_wait_ns"]) / 1e9 / dt_s * 100,
     }
 
 

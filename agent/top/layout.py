@@ -55,7 +55,7 @@ COLUMNS = (
            help="direct + memcg reclaim stall, ms per second"),
     # not OFF% (all time switched out): for an idle server that is mostly sleep, not a cost
     Column("wait", "WAIT%", 5, 3, lambda p: p.wait_pct, lambda p: fmt_num(p.wait_pct),
-           help="time runnable but not running (preempted, waiting for a CPU), % of one core (threads summed)"),
+           help="time runnable but not running (preempted, or woken and not yet on a CPU), % of one core (threads summed)"),
 )
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 

@@ -471,3 +471,28 @@ def test_library_detach_is_fast_with_uprobe_multi_links(gpu, build, drivers, tmp
     assert not [x for x in our_links() if x["path"] == str(lib)]
     if mode == uprobes.MULTI:
         assert took < 1.0
+
+
+def test_a_request_says_what_the_gpu_steps_beside_it_did(gpu, build, drivers):
+    """A batching engine's steps (another thread here; another process of the cgroup alike) feed the
+    requests in flight: how many steps, the slowest, their launches and sync time, on the request."""
+    d = drivers()
+    wait_attached(gpu, build.lib, d.pid)
+    d.do("syncns 2000000")
+    d.do("steps 1 1")  # before the request: not in it
+    d.do("begin 801")
+    d.do("thread steps 3 5")
+    time.sleep(0.3)  # the step records are read (events ring) before the END (req_events ring)
+    d.do("end 801")
+    d.do("thread steps 2 9")  # after it: not in it
+    deadline = time.monotonic() + 10
+    while not (got := gpu.ra.spans(**{"process.pid": d.pid, "hostagent.request.id": f"{801:016x}"})):
+        assert time.monotonic() < deadline, "no span for request 801"
+        time.sleep(0.1)
+    a = got[0].attributes
+    assert a["hostagent.request.gpu_steps.count"] == 3, dict(a)
+    assert a["hostagent.request.gpu_steps.launches"] == 15
+    assert a["hostagent.request.gpu_steps.processes"] == 1
+    assert 0.002 <= a["hostagent.request.gpu_steps.duration.max"] < a["hostagent.request.gpu_steps.sync.time"] + 0.01
+    assert 3 * 0.002 <= a["hostagent.request.gpu_steps.sync.time"] < 3 * 0.002 + 0.03
+    assert "hostagent.cuda.launches.cuLaunchKernel" not in a  # the request's own thread launched nothing

@@ -19,12 +19,17 @@ MS = 1_000_000
 SLACK = 5 * MS  # intervals open at a reading: switched out before it, back in after
 
 
-def run_delay(pid: int) -> int:
-    """ns the task waited on a run queue (/proc/PID/schedstat, CONFIG_SCHED_INFO)."""
+def run_delay(pid) -> int:
+    """ns the task waited on a run queue (/proc/PID/schedstat, CONFIG_SCHED_INFO); pid may be "PID/task/TID"."""
     try:
         return int(open(f"/proc/{pid}/schedstat").read().split()[1])
     except (OSError, IndexError):
         pytest.skip("no /proc/PID/schedstat (CONFIG_SCHED_INFO)")
+
+
+def all_threads_run_delay(pid: int) -> int:
+    """The process's run delay: proc_stats sums every thread, /proc/PID/schedstat is the leader's."""
+    return sum(run_delay(f"{pid}/task/{tid}") for tid in os.listdir(f"/proc/{pid}/task"))
 
 
 def counters(agent, pid: int) -> tuple[int, int]:
@@ -69,3 +74,35 @@ def test_a_preempted_thread_waits(agent, child):
     assert waited >= 50 * MS, (waited, off1 - off0, rd1 - rd0)  # about half of 400 ms, shared with the hog
     assert waited <= off1 - off0  # a part of off-CPU time
     assert waited <= (rd1 - rd0) + SLACK, (waited, rd1 - rd0)
+
+
+def test_run_queue_wait_after_wakeups_completes_the_kernels_run_delay(agent, child):
+    """Sleeping 2 ms at a time at nice 19 beside two busy loops on one CPU: a woken thread of that
+    weight does not preempt them, so each wake-up waits on the run queue. The preempted part and the
+    part after wake-ups together are the run delay the kernel's schedstat counts for the threads
+    (the same interval: enqueued -> on a CPU)."""
+    watched(agent, child)
+    cpu = min(os.sched_getaffinity(0))
+    for tid in os.listdir(f"/proc/{child.pid}/task"):
+        os.sched_setaffinity(int(tid), {cpu})
+        os.setpriority(os.PRIO_PROCESS, int(tid), 19)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for h in hogs:
+            os.sched_setaffinity(h.pid, {cpu})
+        child.do("spin 20")
+        c0 = agent.agent.bpf[b"proc_stats"][ctypes.c_uint32(child.pid)]
+        w0, n0, r0 = c0.wakeup_wait_ns, c0.wakeups, c0.offcpu_runnable_ns
+        rd0 = all_threads_run_delay(child.pid)
+        child.do("sleep 100 2")
+        c1 = agent.agent.bpf[b"proc_stats"][ctypes.c_uint32(child.pid)]
+        rd1 = all_threads_run_delay(child.pid)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    wake, n, runnable = c1.wakeup_wait_ns - w0, c1.wakeups - n0, c1.offcpu_runnable_ns - r0
+    assert n >= 100, n  # a wake-up per sleep (and the command's own)
+    ours, kernel = wake + runnable, rd1 - rd0
+    assert wake >= 100 * MS, (wake, n, kernel)  # ~1-10 ms a wake-up behind two busy loops
+    assert 0.9 * kernel <= ours <= 1.1 * kernel, (wake, runnable, kernel)

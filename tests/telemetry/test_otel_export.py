@@ -315,7 +315,8 @@ def test_process_providers_are_bounded_and_freed(monkeypatch):
 def test_per_process_metrics_carry_no_command_line_only_bounded_identity(tmp_path):
     procs = Processes(proc_root=str(tmp_path))
     procs.set_rows({10: (PROC, Counters(faults=5, vcsw=2, ivcsw=1, offcpu_ns=3_000_000, direct_reclaims=1,
-                                        direct_reclaim_ns=400, cu_launch=9, cu_sync_ns=7_000, cu_ctx_ns=80))},
+                                        direct_reclaim_ns=400, cu_launch=9, cu_sync_ns=7_000, cu_ctx_ns=80,
+                                        offcpu_runnable_ns=2_000, wakeup_wait_ns=5_000))},
                    {10: (100, 2)})
     bounded = {k: PROC[k] for k in METRIC_IDENTITY}
     assert bounded == {"process.pid": 10, "process.executable.name": "srv", "container.id": "c" * 64,
@@ -326,6 +327,8 @@ def test_per_process_metrics_carry_no_command_line_only_bounded_identity(tmp_pat
         "process.context_switches": ("{context_switch}", [(2, {**bounded, "process.context_switch.type": "voluntary"}),
                                                           (1, {**bounded, "process.context_switch.type": "involuntary"})]),
         "hostagent.process.offcpu.time": ("s", [(0.003, bounded)]),
+        "hostagent.process.runqueue.wait.time": ("s", [(2_000 / 1e9, {**bounded, "hostagent.runqueue.wait": "preempted"}),
+                                                       (5_000 / 1e9, {**bounded, "hostagent.runqueue.wait": "wakeup"})]),
         "process.paging.faults": ("{fault}", [(100, {**bounded, "process.paging.fault_type": "minor"}),
                                               (2, {**bounded, "process.paging.fault_type": "major"})]),
         "hostagent.process.reclaim.stall.time": ("s", [(400 / 1e9, {**bounded, "hostagent.reclaim.kind": "direct"}),
@@ -353,7 +356,8 @@ def test_per_process_metrics_exported_without_the_command_line(tmp_path):
               for m in sm.metrics for p in m.data.data_points]
     assert {n for n, _ in points} >= {"hostagent.process.user_faults", "process.context_switches",
                                       "hostagent.process.offcpu.time"}
-    assert all(set(a) - {"process.context_switch.type", "hostagent.reclaim.kind"} == set(METRIC_IDENTITY)
+    assert all(set(a) - {"process.context_switch.type", "hostagent.reclaim.kind", "hostagent.runqueue.wait"}
+               == set(METRIC_IDENTITY)
                for _, a in points), points
     assert all("process.pid" not in rm.resource.attributes for rm in cap.batches[-1].resource_metrics)
     tel.shutdown()
