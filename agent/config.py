@@ -252,7 +252,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("reclaim.storm_direct_ms_per_s", "float", 10.0,
       "Storm when direct-reclaim stalls add up to this many ms per second (all threads)", min=0.001, max=1e6),
     S("reclaim.storm_memcg_ms_per_s", "float", 10.0,
-      "Storm (host or one cgroup) when memcg-reclaim stalls add up to this many ms per second", min=0.001, max=1e6),
+      "Storm of one cgroup when its memcg-reclaim stalls add up to this many ms per second (a host storm is"
+      " global reclaim only: kswapd and direct)", min=0.001, max=1e6),
     S("reclaim.storm_close_windows", "int", 3,
       "Quiet windows in a row (all signals under half their threshold) that close a storm", min=1, max=3600),
     S("cuda.overhead_budget", "float", 0.02,

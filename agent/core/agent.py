@@ -181,7 +181,7 @@ class Agent:
                                  processes=self.processes, telemetry=tel,
                                  evidence=(self.reclaim.evidence, self.gpu.evidence, self.pcie.evidence,
                                            self.nic.evidence, self.cuda_cap.evidence),
-                                 listeners=(self.snapshots.on_request,))
+                                 listeners=(self.snapshots.on_request, self.reclaim.on_request))
         self.http = Http(self.bpf, finish=self.requests.finish, idle_expiry_s=cfg.requests_idle_expiry_s,
                          rejected=self.health.rejected, proc_root=self.proc_root)
         self.routes = self._route_table()

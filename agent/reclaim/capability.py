@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 
 from ..core import records as R
 from ..core.capability import Evidence
 from ..core.decode import Route
 from ..telemetry.spec import EventSpec, LinkSpec
 from . import memstat, records, telemetry as T
-from .rule import Episode, KswapdTracker, StormDetector, Thresholds, Window
+from .rule import Episode, KswapdTracker, StormDetector, Thresholds, Window, in_reclaim
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RT = {name[len("MCP_RT_"):].lower(): v for name, v in R.C.items() if name.startswith("MCP_RT_") and name != "MCP_RT_MAX"}
 KEEP_CLOSED_STORMS = 32  # closed episodes kept for request spans that end later and overlap them
+MAX_RECENT_REQUESTS = 100_000  # finished requests kept for the storm that may yet open over them
+MAX_STORM_LINKS = 128  # the SDK's default link limit per span (OTEL_SPAN_LINK_COUNT_LIMIT)
 
 
 def bpf_settings(cfg) -> dict[str, int]:
@@ -50,6 +53,10 @@ class Reclaim:
         self._win_prev: dict = {}
         self._cg_totals: dict[str, list[int]] = {}  # cgroup path -> [direct_ns, memcg_ns]
         self.last_rows: dict = {}
+        # finished requests of the last windows: (span context, tgid, begin, end, stalled in reclaim)
+        self.recent: deque = deque(maxlen=MAX_RECENT_REQUESTS)
+        self.victims: dict[int, set] = {}  # storm span key number -> span ids of the requests it links to
+        self._paths: dict[int, str] = {}  # tgid -> memory cgroup path, for this window's scope checks
 
     def routes(self) -> dict[int, Route]:
         kswapd = R.C["MCP_EV_KSWAPD"]
@@ -66,6 +73,9 @@ class Reclaim:
 
     # ---- evidence for a request's window ----
     def evidence(self, fr) -> Evidence:
+        """Links to the storms already decided whose reclaim the request overlapped, in its scope. A
+        storm decided later (its windows end after the request) links to the request itself
+        (on_request, _link_victims): both directions say the same thing, whichever came first."""
         attrs = {}
         if self.kswapd_attached:
             attrs["hostagent.reclaim.kswapd.overlap.time"] = self.kswapd.active_ns(fr.begin_ns, fr.end_ns) / 1e9
@@ -73,8 +83,37 @@ class Reclaim:
             LinkSpec(("storm", n), {"hostagent.link.type": "reclaim_storm", "hostagent.storm.scope": ep.scope},
                      EventSpec("hostagent.reclaim_storm", max(fr.begin_ns, ep.start_ns), {"hostagent.storm.scope": ep.scope}),
                      ("hostagent.storm.trace_id", "hostagent.storm.span_id"))
-            for n, ep in self.episodes if _overlaps(ep, fr.begin_ns, fr.end_ns))
+            for n, ep in self.episodes if self._hit(ep, fr.tgid, fr.begin_ns, fr.end_ns))
         return Evidence(attrs, links)
+
+    def on_request(self, fr, ctx) -> None:
+        """Each finished request, with its span's context: kept for the storms decided after it."""
+        c = fr.counters
+        self.recent.append((ctx, fr.tgid, fr.begin_ns, fr.end_ns, bool(c.direct_reclaims or c.memcg_reclaims)))
+
+    def _hit(self, ep: Episode, tgid: int, t0: int, t1: int) -> bool:
+        """A victim: the request overlapped the episode's reclaim (its hot windows), in its scope: any
+        request for a host storm; for a cgroup storm, one of a process charged to that memory cgroup
+        (read when first needed in a window; a process gone by then is not matched)."""
+        if not in_reclaim(ep, t0, t1):
+            return False
+        if ep.scope == "host":
+            return True
+        path = self._paths.get(tgid)
+        if path is None:
+            path = self._paths[tgid] = self._memory_cgroup(tgid)
+        return path == ep.scope
+
+    def _link_victims(self, n: int, ep: Episode) -> None:
+        """Links from the storm's span (open under ("storm", n)) to the finished requests it hit."""
+        seen = self.victims.setdefault(n, set())
+        for ctx, tgid, t0, t1, stalled in self.recent:
+            if ctx is None or ctx.span_id in seen or not self._hit(ep, tgid, t0, t1):
+                continue
+            seen.add(ctx.span_id)
+            if len(seen) <= MAX_STORM_LINKS:
+                self.telemetry.add_link(("storm", n), ctx, {"hostagent.link.type": "reclaim_storm_victim",
+                                                            "hostagent.request.reclaim_stalled": stalled})
 
     # ---- windows ----
     def tick(self) -> None:
@@ -108,7 +147,8 @@ class Reclaim:
         for kind in ("some", "full"):
             if kind in psi:
                 context[f"psi_{kind}_avg10"] = psi[kind].get("avg10", 0.0)
-        host = Window(w0, now, max(ratios.values(), default=0.0), d["direct_ns"], d["memcg_ns"], context)
+        # host scope: global reclaim only (kswapd, direct); memcg stalls are their cgroups' own storms
+        host = Window(w0, now, max(ratios.values(), default=0.0), d["direct_ns"], 0, context)
         windows = {"host": host}
         for path, (dn, mn) in self._cgroup_deltas(by_tgid, prev["tgid"]).items():
             windows[path] = Window(w0, now, 0.0, dn, mn, self._cgroup_psi(path))
@@ -127,6 +167,14 @@ class Reclaim:
                 self._close(act[1])
         for scope in [s for s, det in self.storms.items() if s != "host" and det.episode is None and not det.hot_run]:
             del self.storms[scope]
+        for n, ep in self.episodes:
+            if not ep.closed:
+                self._link_victims(n, ep)
+        self._paths.clear()
+        keep_ns = int((self.cfg.reclaim_storm_close_windows + 3) * self.cfg.reclaim_window_s * 1e9)
+        oldest_open = min((ep.start_ns for _, ep in self.episodes if not ep.closed), default=now)
+        while self.recent and self.recent[0][3] < min(now - keep_ns, oldest_open):
+            self.recent.popleft()
         self.kswapd.forget_before(now - int(600e9))
         t = {name: totals[i] for name, i in RT.items()}
         kswapd_cpu = {n: (cpu[n] - prev["cpu"].get(n, cpu[n])) / CLK_TCK / max(secs, 1e-9) for n in cpu}
@@ -143,7 +191,10 @@ class Reclaim:
     def _close(self, ep: Episode) -> None:
         for n, e in self.episodes:
             if e is ep:
-                self.telemetry.close(("storm", n), T.episode_attributes(ep), max(ep.end_ns, ep.start_ns))
+                self._link_victims(n, ep)
+                victims = len(self.victims.pop(n, ()))
+                self.telemetry.close(("storm", n), {**T.episode_attributes(ep), "hostagent.storm.victims": victims},
+                                     max(ep.end_ns, ep.start_ns))
         # the oldest by their end: a long episode that just closed is the one a request may still overlap
         closed = sorted(((n, e) for n, e in self.episodes if e.closed), key=lambda ne: ne[1].end_ns)
         for n, e in closed[:-KEEP_CLOSED_STORMS]:
@@ -154,7 +205,9 @@ class Reclaim:
         """An episode still open at exit is exported, marked unfinished."""
         for n, ep in self.episodes:
             if not ep.closed:
-                self.telemetry.close(("storm", n), {**T.episode_attributes(ep), "hostagent.storm.unfinished": True}, None)
+                self._link_victims(n, ep)
+                self.telemetry.close(("storm", n), {**T.episode_attributes(ep), "hostagent.storm.unfinished": True,
+                                                    "hostagent.storm.victims": len(self.victims.pop(n, ()))}, None)
 
     def _stall_hist(self) -> dict:
         hist = {}
@@ -195,6 +248,3 @@ class Reclaim:
         return info.v1_paths.get("memory") or info.v2_path or "unknown"
 
 
-def _overlaps(ep: Episode, t0: int, t1: int) -> bool:
-    end = ep.end_ns if ep.closed else t1
-    return ep.start_ns < t1 and end > t0

@@ -101,6 +101,7 @@ class Episode:
     totals: dict = field(default_factory=dict)  # summed context counters (pgscan_*, pgsteal_*, ...)
     peaks: dict = field(default_factory=dict)  # max context values (PSI avg10, ...)
     closed: bool = False
+    hot: list = field(default_factory=list)  # (start_ns, end_ns) of its windows over the thresholds: its reclaim
 
 
 class StormDetector:
@@ -142,6 +143,7 @@ class StormDetector:
             self.episode = Episode(self.scope, self.hot_run[0].start_ns)
             for hw in self.hot_run:
                 self._absorb(hw)
+                self.episode.hot.append((hw.start_ns, hw.end_ns))
             self.last_hot_end = w.end_ns
             self.hot_run.clear()
             self.quiet = 0
@@ -151,6 +153,7 @@ class StormDetector:
             self.quiet = 0
             if self._hot(w):
                 self.last_hot_end = w.end_ns
+                self.episode.hot.append((w.start_ns, w.end_ns))
             return ("update", self.episode)
         self.quiet += 1
         if self.quiet < self.th.close_windows:
@@ -159,3 +162,9 @@ class StormDetector:
         e.end_ns, e.closed = self.last_hot_end, True
         self.quiet = 0
         return ("close", e)
+
+
+def in_reclaim(ep: Episode, t0: int, t1: int) -> bool:
+    """Whether [t0, t1] overlaps one of the episode's hot windows: its reclaim, not the quiet windows
+    that close it (a request begun after the storm's last hot window is not its victim)."""
+    return any(a < t1 and b > t0 for a, b in ep.hot)

@@ -32,7 +32,8 @@ class Requests:
     def __init__(self, bpf, *, idle_expiry_s: float, health: AgentHealth, processes, telemetry,
                  evidence=(), listeners=()):
         """evidence: functions of a FinishedRequest -> core.capability.Evidence (what the other
-        capabilities saw in its window), merged in order; listeners: called with each FinishedRequest."""
+        capabilities saw in its window), merged in order; listeners: called with each FinishedRequest
+        and its span's context (for links to it made later: a storm's to its victims)."""
         self.bpf = bpf
         self.idle_expiry_s = idle_expiry_s
         self.joiner = RequestJoiner(health.rejected)  # one Counter for every user-space refusal
@@ -93,11 +94,11 @@ class Requests:
         ev = NONE
         for of in self.evidence:
             ev = ev + of(fr)
-        self.telemetry.span(T.request_span(fr, proc_attrs, ev))
+        ctx = self.telemetry.span(T.request_span(fr, proc_attrs, ev))
         self.telemetry.record(T.DURATION, *T.duration_row(fr, proc_attrs))
         self.health.requests[fr.end_reason] += 1
         for listen in self.listeners:
-            listen(fr)
+            listen(fr, ctx)
 
     # ---- periodic ----
     def tick(self) -> None:

@@ -178,9 +178,11 @@ class Telemetry:
         self._meter = self.meter_provider.get_meter(SCOPE, __version__)
 
     # ---- spans ----
-    def span(self, spec: SpanSpec, context=None) -> None:
-        """A finished span, its events, links and child spans."""
-        self._start(spec, context).end(end_time=self.timebase.to_wall_ns(max(spec.end_ns, spec.start_ns)))
+    def span(self, spec: SpanSpec, context=None):
+        """A finished span, its events, links and child spans; its SpanContext (for later links to it)."""
+        span = self._start(spec, context)
+        span.end(end_time=self.timebase.to_wall_ns(max(spec.end_ns, spec.start_ns)))
+        return span.get_span_context()
 
     def _start(self, spec: SpanSpec, context=None):
         wall = self.timebase.to_wall_ns
@@ -247,6 +249,15 @@ class Telemetry:
         if span is not None:
             span.set_attributes(clean(attrs))
             span.end(end_time=None if end_ns is None else self.timebase.to_wall_ns(end_ns))
+
+    def add_link(self, key: Hashable, context, attrs: dict) -> bool:
+        """A link from the span still open under key to a finished span (its SpanContext); False when
+        that span is closed. The SDK keeps the first OTEL_SPAN_LINK_COUNT_LIMIT (128) links of a span."""
+        span = self._open.get(key)
+        if span is None or context is None:
+            return False
+        span.add_link(context, clean(attrs))
+        return True
 
     def forget(self, key: Hashable) -> None:
         self._contexts.pop(key, None)

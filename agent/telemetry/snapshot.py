@@ -438,7 +438,7 @@ class SnapshotBuilder:
             return self._json[1]
 
     # ---- feeds ----
-    def on_request(self, fr) -> None:
+    def on_request(self, fr, ctx=None) -> None:
         h = self._history(fr.tgid)
         if not h.comm and fr.comm:
             h.comm = sanitize_text(bytes(fr.comm).split(b"\0", 1)[0], 64)

@@ -137,6 +137,46 @@ def test_memcg_reclaim_per_request_matches_vmstat(make_agent, memcg):
             os.unlink(f)
 
 
+def test_a_cgroup_storm_links_exactly_its_victims(make_agent, memcg):
+    """The storm is decided a window after its reclaim began: a request that stalled and ended in
+    that first window still gets a link, from the storm's span. A request of a process outside the
+    cgroup at the same time, and one begun after the reclaim stopped (in the windows that close the
+    storm), get none; memcg reclaim alone opens no host storm."""
+    a = make_agent()
+    cg_path, add = memcg
+    f = f"/var/tmp/mcp-victims-{os.getpid()}.bin"
+    inside, outside = Child(), Child()
+    try:
+        inside.do("spin 1")
+        add(inside.pid)
+        outside.do("begin 402", "spin 1")
+        inside.do(f"begin 401 {TP}", f"write {f} 256", "end 401")  # ends before the storm is decided
+        outside.do("end 402")
+        assert wait_for(lambda: [e for e in a.agent.reclaim.open_storms() if e.scope != "host"], 10), \
+            "no cgroup reclaim-storm episode opened"
+        time.sleep(2.5 * a.cfg.reclaim_window_s)  # the pressure is over: the next windows are quiet
+        inside.do("begin 403", "spin 50", "end 403")
+        spans = {}
+        for rid, child in ((401, inside), (402, outside), (403, inside)):
+            (spans[rid],) = a.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{rid:016x}"})
+        assert spans[401].attributes["hostagent.reclaim.memcg.count"] > 0  # it did stall
+        storm = wait_for(lambda: [s for s in a.spans() if s.name == "hostagent.reclaim_storm"
+                                  and s.attributes["hostagent.storm.scope"].endswith("/" + os.path.basename(cg_path))], 20)
+        assert storm, "the cgroup storm did not close and export"
+        linked = {ln.context.span_id for ln in storm[0].links}
+        assert spans[401].context.span_id in linked, [dict(ln.attributes) for ln in storm[0].links]
+        assert spans[402].context.span_id not in linked and spans[403].context.span_id not in linked
+        assert not [ln for ln in spans[403].links if ln.attributes["hostagent.link.type"] == "reclaim_storm"]
+        assert storm[0].attributes["hostagent.storm.victims"] == len(linked)
+        assert not [s for s in a.spans() if s.name == "hostagent.reclaim_storm" and s.attributes["hostagent.storm.scope"] == "host"]
+        assert a.agent.reclaim.storms["host"].episode is None
+    finally:
+        inside.close()
+        outside.close()
+        if os.path.exists(f):
+            os.unlink(f)
+
+
 def _exported_stalls(a, kind: str) -> int:
     """The count of the exported hostagent.reclaim.stall.duration histogram point of `kind`."""
     points = [p for m in a.agent.telemetry.kernel_histograms() if m.name == "hostagent.reclaim.stall.duration"

@@ -144,6 +144,10 @@ class _Tel:
     def forget(self, key):
         self.calls.append(("forget", key))
 
+    def add_link(self, key, ctx, attrs):
+        self.calls.append(("link", key, ctx, attrs["hostagent.request.reclaim_stalled"]))
+        return True
+
 
 def _reclaim(kswapd_attached=True):
     from mcp_hostagent.config import load_config
@@ -159,31 +163,67 @@ def test_request_evidence_links_exactly_the_episodes_its_window_overlaps():
     from mcp_hostagent.reclaim.rule import Episode
 
     rc = _reclaim()
-    closed = Episode("host", 1_000)
+    closed = Episode("host", 1_000, hot=[(1_000, 2_000)])
     rc._open(closed)
     closed.end_ns, closed.closed = 2_000, True
     rc._close(closed)
-    cg = Episode("/sys/fs/cgroup/job", 5_000)
+    cg = Episode("/sys/fs/cgroup/job", 5_000, hot=[(5_000, 6_000)])  # open: its quiet windows after 6_000
     rc._open(cg)
     assert [c[0] for c in rc.telemetry.calls] == ["open", "close", "open"]
     assert rc.telemetry.calls[2][3] == {"hostagent.storm.scope": "/sys/fs/cgroup/job", "hostagent.cgroup.path": "/sys/fs/cgroup/job"}
     assert rc.open_storms() == [cg]
+    rc._paths.update({7: "/sys/fs/cgroup/job", 8: "/sys/fs/cgroup/other"})  # the processes' memory cgroups
 
-    def links(t0, t1):
-        ev = rc.evidence(SimpleNamespace(begin_ns=t0, end_ns=t1))
+    def links(t0, t1, tgid=7):
+        ev = rc.evidence(SimpleNamespace(begin_ns=t0, end_ns=t1, tgid=tgid))
         return [(ln.key, ln.attributes["hostagent.storm.scope"], ln.event.t_ns) for ln in ev.links]
 
     assert links(1_500, 1_800) == [(("storm", 1), "host", 1_500)]
     assert links(500, 1_200) == [(("storm", 1), "host", 1_000)]  # the event at the episode's start
     assert links(2_000, 4_000) == []  # after the closed episode's end, before the open one
     assert links(4_000, 6_000) == [(("storm", 2), "/sys/fs/cgroup/job", 5_000)]
+    assert links(4_000, 6_000, tgid=8) == []  # a cgroup storm is its cgroup's, not the neighbours'
+    assert links(6_000, 7_000) == []  # begun after its last hot window: not its victim, open or not
     assert links(0, 1_000) == []  # ends as the episode starts: no overlap
     rc.kswapd.wake(0, 1_000)
     rc.kswapd.sleep(0, 1_400)
     # kswapd awake 1_000..1_400 ns, the request 1_200..2_000: 200 ns together, in seconds
-    assert rc.evidence(SimpleNamespace(begin_ns=1_200, end_ns=2_000)).attributes == {
+    assert rc.evidence(SimpleNamespace(begin_ns=1_200, end_ns=2_000, tgid=7)).attributes == {
         "hostagent.reclaim.kswapd.overlap.time": 200 / 1e9}
-    assert _reclaim(kswapd_attached=False).evidence(SimpleNamespace(begin_ns=0, end_ns=9)).attributes == {}
+    assert _reclaim(kswapd_attached=False).evidence(SimpleNamespace(begin_ns=0, end_ns=9, tgid=7)).attributes == {}
+
+
+def test_a_storm_links_to_the_requests_that_ended_before_it_was_decided():
+    """A storm opens after its first hot window closes: requests that stalled in that window ended
+    before anyone knew. The storm's span links to them (and to later ones) when it is decided: to
+    exactly those that overlapped its hot windows, in its scope, each once."""
+    from types import SimpleNamespace
+
+    from mcp_hostagent.core.decode import Counters
+    from mcp_hostagent.reclaim.rule import Episode
+
+    rc = _reclaim()
+    rc._paths.update({7: "/cg/job", 8: "/cg/other"})
+
+    def fin(name, tgid, t0, t1, stalled=False):
+        rc.on_request(SimpleNamespace(tgid=tgid, begin_ns=t0, end_ns=t1,
+                                      counters=Counters(memcg_reclaims=int(stalled))), SimpleNamespace(span_id=name))
+
+    fin(1, 7, 100, 900, stalled=True)  # inside the first hot window, ended before the storm opened
+    fin(2, 8, 100, 900)  # same time, another cgroup
+    fin(3, 7, 10, 90)  # before it
+    ep = Episode("/cg/job", 100, hot=[(100, 1_000)])
+    rc._open(ep)
+    rc._link_victims(1, ep)
+    fin(4, 7, 1_500, 1_600)  # in a window the storm finds hot later
+    fin(5, 7, 2_500, 2_600)  # in a quiet window after it
+    ep.hot.append((1_000, 2_000))
+    rc._link_victims(1, ep)
+    ep.end_ns, ep.closed = 2_000, True
+    rc._close(ep)
+    assert [c[2:] for c in rc.telemetry.calls if c[0] == "link"] == [(SimpleNamespace(span_id=1), True),
+                                                                     (SimpleNamespace(span_id=4), False)]
+    assert rc.telemetry.calls[-1][0] == "close" and rc.victims == {}
 
 
 def test_closed_episodes_beyond_the_kept_number_are_forgotten_and_open_ones_close_unfinished():
@@ -335,15 +375,15 @@ def test_a_long_storm_that_closes_last_is_kept_for_the_requests_it_overlapped():
     from mcp_hostagent.reclaim.rule import Episode
 
     rc = _reclaim()
-    long = Episode("host", 0)
+    long = Episode("host", 0, hot=[(0, 10_000)])
     rc._open(long)
     for i in range(KEEP_CLOSED_STORMS):
-        short = Episode(f"/cg/{i}", 100 + i * 10)
+        short = Episode(f"/cg/{i}", 100 + i * 10, hot=[(100 + i * 10, 105 + i * 10)])
         rc._open(short)
         short.end_ns, short.closed = 105 + i * 10, True
         rc._close(short)
     long.end_ns, long.closed = 10_000, True
     rc._close(long)
     assert [c for c in rc.telemetry.calls if c[0] == "forget"] == [("forget", ("storm", 2))]  # the first short one
-    links = rc.evidence(SimpleNamespace(begin_ns=9_000, end_ns=11_000)).links
+    links = rc.evidence(SimpleNamespace(begin_ns=9_000, end_ns=11_000, tgid=1)).links
     assert [ln.key for ln in links] == [("storm", 1)]

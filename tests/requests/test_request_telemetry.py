@@ -50,10 +50,12 @@ DOC_NAMES = {
     "nv_ioctl_ns": "hostagent.nvidia.ioctl.time",
     "sampled": "hostagent.cuda.sampled",
     "offcpu_runnable_ns": "hostagent.offcpu.runnable.time",
+    "wakeup_wait_ns": "hostagent.offcpu.wakeup_wait.time",
+    "wakeups": "hostagent.offcpu.wakeups",
 }
 # the fields the kernel counts in ns, exported in seconds (names end in .time, never in a unit)
 DOC_TIME_FIELDS = {"offcpu_ns", "direct_reclaim_ns", "memcg_reclaim_ns", "cu_ctx_ns", "cu_sync_ns", "cu_alloc_ns",
-                   "cu_free_ns", "nv_ioctl_ns", "offcpu_runnable_ns"}
+                   "cu_free_ns", "nv_ioctl_ns", "offcpu_runnable_ns", "wakeup_wait_ns"}
 FOUR = {"hostagent.faults.user": 0, "hostagent.context_switches.voluntary": 0,
         "hostagent.context_switches.involuntary": 0, "hostagent.offcpu.time": 0.0}
 

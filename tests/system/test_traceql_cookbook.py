@@ -25,6 +25,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -93,9 +94,9 @@ def exported():
         psi = {"psi_some_avg10": 12.0, "psi_full_avg10": 3.0}
         storms = [Episode(scope=CGROUP, start_ns=100 * ms, windows=3, peak_kswapd_ratio=0.5, peak_direct_ms_per_s=20,
                           peak_memcg_ms_per_s=300, totals={k: 1 for k in (*memstat.VMSTAT_KEYS, "allocstall")},
-                          peaks=psi),
+                          peaks=psi, hot=[(100 * ms, 300 * ms)]),
                   Episode(scope="host", start_ns=100 * ms, windows=2, peak_kswapd_ratio=0.9, totals={"pgscan_kswapd": 5},
-                          peaks=psi)]
+                          peaks=psi, hot=[(100 * ms, 300 * ms)])]
         for n, ep in enumerate(storms):
             t.open(("storm", n), reclaim_t.storm_span(ep))
         # a PCIe link episode on the request's GPU (LinkEpisodeSpans, as Pcie drives it)
@@ -121,7 +122,8 @@ def exported():
 
         # each capability's own evidence(), on faked state
         reclaim = SimpleNamespace(kswapd_attached=True, kswapd=SimpleNamespace(active_ns=lambda t0, t1, nid=None: 5 * ms),
-                                  episodes=list(enumerate(storms)))
+                                  episodes=list(enumerate(storms)), _paths={fr.tgid: CGROUP})  # the request's memory cgroup
+        reclaim._hit = functools.partial(Reclaim._hit, reclaim)
         agg = GpuAggregate(index=0, uuid="GPU-8a1c", pci_bus_id=GPU_BDF, samples=4, util_gpu_mean_pct=35.0,
                            util_gpu_max_pct=90, util_mem_mean_pct=20.0, util_mem_max_pct=40,
                            mem_used_max_bytes=60 << 30, sm_clock_min_mhz=900, sm_clock_max_mhz=1980,
