@@ -10,7 +10,8 @@ socketpair from C (bench/loops.c rw), side by side, interleaved by rounds, in tw
 process.watch = marked (the loop is not watched) and = all (it is), each under three conditions: no
 agent; the agent less its HTTP probes (any syscall tracepoint, the marker's included, already puts
 every syscall on the kernel's traced slow path); the whole agent. The HTTP probes' cost is the last
-two's difference: four program runs per pair (enter and exit of each call).
+two's difference: four program runs per pair (enter and exit of each call). Beside them, empty
+programs on the same four tracepoints: what any program there costs (the tracepoint's own tax).
 
     sudo .venv/bin/python bench/bench_http.py [--quick] [--rounds N] [--json PATH]
 """
@@ -40,15 +41,44 @@ def without_http(ag) -> None:
             bpf.detach_tracepoint(tp.encode())
 
 
+EMPTY = "int empty(void *ctx) { return 0; }"
+
+
+class EmptyProbes:
+    """Empty programs on the four tracepoints the loop hits (enter and exit of write and read): the
+    tracepoint tax alone, without any of our work, measured beside ours."""
+
+    TPS = ("syscalls:sys_enter_write", "syscalls:sys_exit_write", "syscalls:sys_enter_read", "syscalls:sys_exit_read")
+
+    def __init__(self):
+        from bcc import BPF
+
+        self.b = BPF(text=EMPTY)
+
+    def __enter__(self):
+        for tp in self.TPS:
+            self.b.attach_tracepoint(tp=tp, fn_name="empty")
+        return self
+
+    def __exit__(self, *exc):
+        for tp in self.TPS:
+            self.b.detach_tracepoint(tp)
+
+
 def session(binary: str, watch: str, rounds: int, nbatch: int, guard) -> dict:
-    got = {"none": [], "agent_no_http": [], "agent": []}
+    got = {"none": [], "empty": [], "agent_no_http": [], "agent": []}
     order = list(got)
     with c.ToggledAgent(watch=watch) as ag:
+        empty = EmptyProbes()  # after the agent's start, which points bcc at the kernel headers
         for r in range(rounds):
             guard.before()
             for cond in (order if r % 2 == 0 else order[::-1]):
                 if cond == "none":
                     got[cond].append(c.med(c.loops(binary, "rw", BATCH, nbatch)))
+                    continue
+                if cond == "empty":
+                    with empty:
+                        got[cond].append(c.med(c.loops(binary, "rw", BATCH, nbatch)))
                     continue
                 with ag.attached():
                     if cond == "agent_no_http":
@@ -64,7 +94,9 @@ def session(binary: str, watch: str, rounds: int, nbatch: int, guard) -> dict:
     got = {k: guard.pick(v) for k, v in got.items()}
     http = [a / b for b, a in zip(got["agent_no_http"], got["agent"])]
     whole = [a / b for b, a in zip(got["none"], got["agent"])]
-    return {"none_ns": c.med(got["none"]), "agent_no_http_ns": c.med(got["agent_no_http"]),
+    tax = [e - b for b, e in zip(got["none"], got["empty"])]
+    return {"none_ns": c.med(got["none"]), "empty_ns": c.med(got["empty"]), "tax_ns": c.med(tax),
+            "agent_no_http_ns": c.med(got["agent_no_http"]),
             "agent_ns": c.med(got["agent"]),
             "http_added_ns": c.med([a - b for b, a in zip(got["agent_no_http"], got["agent"])]),
             "http_ratio": c.med(http), "http_ratio_spread": c.spread(http),
@@ -90,10 +122,11 @@ def main(argv=None) -> int:
     rows = {"unwatched": session(binary, "marked", rounds, nbatch, guard),
             "watched": session(binary, "all", rounds, nbatch, guard)}
     c.print_table("write()+read() of 64 bytes, ns (median over rounds); HTTP probes = agent / agent less its HTTP probes",
-                  ["process", "no agent", "agent less HTTP", "agent", "HTTP added per syscall", "HTTP ratio",
-                   "spread", "agent / none"],
-                  [[k, r["none_ns"], r["agent_no_http_ns"], r["agent_ns"], r["http_added_ns"] / 2, r["http_ratio"],
-                    r["http_ratio_spread"], r["agent_ratio"]] for k, r in rows.items()])
+                  ["process", "no agent", "empty probes", "agent less HTTP", "agent", "empty per syscall",
+                   "HTTP added per syscall", "HTTP ratio", "spread", "agent / none"],
+                  [[k, r["none_ns"], r["empty_ns"], r["agent_no_http_ns"], r["agent_ns"], r["tax_ns"] / 2,
+                    r["http_added_ns"] / 2, r["http_ratio"], r["http_ratio_spread"], r["agent_ratio"]]
+                   for k, r in rows.items()])
     if guard.note():
         print(guard.note())
     results = {"machine": c.machine(), "rounds": rounds, "warning": guard.note(), "rows": rows,

@@ -108,6 +108,12 @@ BPF_TABLE("lru_hash", u64, struct mcp_counters, group_stats, MCP_MAX_GROUPS);
  * cgroup lookup per fault and switch */
 BPF_ARRAY(groups_on, u32, 1);
 BPF_ARRAY(zero_counters, struct mcp_counters, 1);  /* a zero value to insert, off the 512-byte stack */
+/* The watch set again, as a bitmap over tgids (pid_max is at most 2^22: PID_MAX_LIMIT), for the HTTP
+ * probes that run on every read and write of the host: an array lookup the JIT inlines, where the
+ * watch_tgid hash lookup cost ~100 ns a syscall here (bench/bench_http.py). agent/core/discovery.py
+ * sets the bits with watch_tgid; a process's exit clears its own (requests.bpf.c). */
+#define MCP_WATCH_BITS_WORDS (4194304 / 64)
+BPF_ARRAY(watch_bits, u64, MCP_WATCH_BITS_WORDS);
 
 static __always_inline void stat_inc(u32 idx)
 {
@@ -213,4 +219,21 @@ static __always_inline u64 serving_group(void)
 	if (!g)
 		return 0;
 	return cg;
+}
+
+static __always_inline int watched_bit(u32 tgid)
+{
+	if (MCP_WATCH_ALL)
+		return 1;
+	u32 i = tgid >> 6;
+	u64 *w = watch_bits.lookup(&i);
+	return w && ((*w >> (tgid & 63)) & 1);
+}
+
+static __always_inline void unwatch_bit(u32 tgid)
+{
+	u32 i = tgid >> 6;
+	u64 *w = watch_bits.lookup(&i);
+	if (w && ((*w >> (tgid & 63)) & 1))
+		__sync_fetch_and_and(w, ~(1ULL << (tgid & 63)));
 }

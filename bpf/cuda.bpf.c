@@ -16,6 +16,7 @@
  * hit then counts the symbol's weight (cu_config) in its process's counters (rate estimates, metrics)
  * and marks the counters `sampled` with it; a request or step counts the hit once (cu_add).
  */
+#include <uapi/linux/ptrace.h>  /* struct pt_regs, PT_REGS_RC */
 
 #define MCP_CU_HIST_SLOTS 48 /* log2(ns) buckets: up to ~39 h */
 
@@ -225,7 +226,18 @@ int cu_sync_ret(struct pt_regs *ctx) { return cu_return(MCP_CU_SYNC, MCP_HIST_SY
 
 #if MCP_PROBE_CUDA_ALLOC
 int cu_alloc_enter(struct pt_regs *ctx) { return cu_enter(MCP_CU_ALLOC, 0); }
-int cu_alloc_ret(struct pt_regs *ctx) { return cu_return(MCP_CU_ALLOC, MCP_HIST_ALLOC, CU_OFF(cu_allocs), CU_OFF(cu_alloc_ns)); }
+int cu_alloc_ret(struct pt_regs *ctx)
+{
+	/* CUresult is an int, returned in the return register (regs->ax on x86-64: PT_REGS_RC, from
+	 * uapi/linux/ptrace.h as bcc's tools include it); 2 = CUDA_ERROR_OUT_OF_MEMORY (cuda.h) */
+	if ((int)PT_REGS_RC(ctx) == 2) {
+		u64 pid_tgid = bpf_get_current_pid_tgid();
+		u32 tgid = pid_tgid >> 32;
+		if (cu_watched(tgid))
+			cu_add((u32)pid_tgid, tgid, CU_OFF(cu_alloc_oom), 1, 1, CU_OFF(cu_alloc_oom), 0, 0);
+	}
+	return cu_return(MCP_CU_ALLOC, MCP_HIST_ALLOC, CU_OFF(cu_allocs), CU_OFF(cu_alloc_ns));
+}
 #endif /* MCP_PROBE_CUDA_ALLOC */
 
 #if MCP_PROBE_CUDA_FREE

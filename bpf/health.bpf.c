@@ -58,6 +58,11 @@ int tp_raw__ras__aer_event(void *ctx) { return tp_raw_capture(ctx, MCP_TP_AER_EV
 int tp_raw__pci__pcie_link_event(void *ctx) { return tp_raw_capture(ctx, MCP_TP_PCIE_LINK_EVENT); }
 #endif /* MCP_PROBE_PCIE_LINK_EVENT */
 
+#if MCP_PROBE_OOM_KILL
+/* its fields grew in 6.8 (total_vm, rss, uid, ...): copied and decoded at run time like the others */
+int tp_raw__oom__mark_victim(void *ctx) { return tp_raw_capture(ctx, MCP_TP_OOM_MARK_VICTIM); }
+#endif /* MCP_PROBE_OOM_KILL */
+
 #if MCP_TEST_TP_RAW_EXEC
 /* tests/gpuhealth/test_bpf_health.py only: the same capture on sched:sched_process_exec, which every kernel
  * has and which carries a __data_loc string (filename), to prove capture and run-time decoding on

@@ -66,7 +66,7 @@ static __always_inline void http_save(u32 fd, u64 buf, u64 count, u32 sys)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	u32 tid = (u32)pid_tgid, tgid = pid_tgid >> 32;
-	if (!watched(tgid))
+	if (!watched_bit(tgid))
 		return;
 	if (sys != MCP_HTTP_SYS_READ) {
 		/* a write matters only inside a request: most writes of a watched process cost this lookup */
@@ -83,7 +83,10 @@ static __always_inline void http_save(u32 fd, u64 buf, u64 count, u32 sys)
 /* The saved arguments of this thread's call, taken out of the map; 0 if none or not of `want`. */
 static __always_inline int http_take(struct mcp_http_args *out, int want_read)
 {
-	u32 tid = (u32)bpf_get_current_pid_tgid();
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	u32 tid = (u32)pid_tgid;
+	if (!watched_bit(pid_tgid >> 32))  /* the host's other processes: no hash lookup */
+		return 0;
 	struct mcp_http_args *a = http_args.lookup(&tid);
 	if (!a)
 		return 0;
@@ -374,23 +377,11 @@ TRACEPOINT_PROBE(syscalls, sys_enter_read)
 	return 0;
 }
 #endif
-#if MCP_PROBE_HTTP_READ_RET
-TRACEPOINT_PROBE(syscalls, sys_exit_read)
-{
-	return http_read_ret(args->ret);
-}
-#endif
 #if MCP_PROBE_HTTP_RECVFROM
 TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom)
 {
 	http_save((u32)args->fd, (u64)args->ubuf, args->size, MCP_HTTP_SYS_READ);
 	return 0;
-}
-#endif
-#if MCP_PROBE_HTTP_RECVFROM_RET
-TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom)
-{
-	return http_read_ret(args->ret);
 }
 #endif
 #if MCP_PROBE_HTTP_WRITE
@@ -400,23 +391,11 @@ TRACEPOINT_PROBE(syscalls, sys_enter_write)
 	return 0;
 }
 #endif
-#if MCP_PROBE_HTTP_WRITE_RET
-TRACEPOINT_PROBE(syscalls, sys_exit_write)
-{
-	return http_write_ret(args->ret);
-}
-#endif
 #if MCP_PROBE_HTTP_SENDTO
 TRACEPOINT_PROBE(syscalls, sys_enter_sendto)
 {
 	http_save((u32)args->fd, (u64)args->buff, args->len, MCP_HTTP_SYS_WRITE);
 	return 0;
-}
-#endif
-#if MCP_PROBE_HTTP_SENDTO_RET
-TRACEPOINT_PROBE(syscalls, sys_exit_sendto)
-{
-	return http_write_ret(args->ret);
 }
 #endif
 #if MCP_PROBE_HTTP_WRITEV
@@ -426,12 +405,6 @@ TRACEPOINT_PROBE(syscalls, sys_enter_writev)
 	return 0;
 }
 #endif
-#if MCP_PROBE_HTTP_WRITEV_RET
-TRACEPOINT_PROBE(syscalls, sys_exit_writev)
-{
-	return http_write_ret(args->ret);
-}
-#endif
 #if MCP_PROBE_HTTP_SENDMSG
 TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg)
 {
@@ -439,18 +412,37 @@ TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg)
 	return 0;
 }
 #endif
-#if MCP_PROBE_HTTP_SENDMSG_RET
-TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg)
+/* One program for every read-side exit and one for every write-side exit, each attached to several
+ * tracepoints (agent/core/probes.py names them in `fn`): compiled and verified once, not per syscall.
+ * Every syscalls:sys_exit_* record has the same layout (kernel/trace/trace_syscalls.c, struct
+ * syscall_trace_exit): the common fields, int __syscall_nr at 8, long ret at 16. */
+struct mcp_sys_exit {
+	u64 common;
+	int nr;
+	int pad;
+	long ret;
+};
+
+#if MCP_PROBE_HTTP_READ_RET || MCP_PROBE_HTTP_RECVFROM_RET
+int http_exit_read(struct mcp_sys_exit *ctx)
 {
-	return http_write_ret(args->ret);
+	return http_read_ret(ctx->ret);
 }
 #endif
+
+#if MCP_PROBE_HTTP_WRITE_RET || MCP_PROBE_HTTP_SENDTO_RET || MCP_PROBE_HTTP_WRITEV_RET || MCP_PROBE_HTTP_SENDMSG_RET
+int http_exit_write(struct mcp_sys_exit *ctx)
+{
+	return http_write_ret(ctx->ret);
+}
+#endif
+
 #if MCP_PROBE_HTTP_CLOSE
 TRACEPOINT_PROBE(syscalls, sys_enter_close)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	u32 tgid = pid_tgid >> 32;
-	if (!watched(tgid))
+	if (!watched_bit(tgid))
 		return 0;
 	struct mcp_http_conn_key k = {.tgid = tgid, .fd = (u32)args->fd};
 	struct mcp_http_conn *c = http_conn.lookup(&k);

@@ -67,6 +67,7 @@ struct mcp_counters {
 	__u64 wakeup_wait_ns;    /* sched:sched_wakeup(_new) -> switched in, after a sleep: run-queue wait
 	                          * at wake-up; with offcpu_runnable_ns, all of it (schedstat's run delay) */
 	__u64 wakeups;           /* wake-ups measured in wakeup_wait_ns */
+	__u64 cu_alloc_oom;      /* cuMemAlloc_v2/cuMemAllocAsync(_ptsz) returning CUDA_ERROR_OUT_OF_MEMORY */
 };
 
 /* per-thread state of an open request (map req_by_tid) */
@@ -372,6 +373,7 @@ enum mcp_tp_kind {
 	MCP_TP_NVIDIA_DEV_XID = 1,    /* nvidia:nvidia_dev_xid */
 	MCP_TP_AER_EVENT = 2,         /* ras:aer_event */
 	MCP_TP_PCIE_LINK_EVENT = 3,   /* pci:pcie_link_event */
+	MCP_TP_OOM_MARK_VICTIM = 4,   /* oom:mark_victim (reclaim: OOM kills) */
 	MCP_TP_TEST_EXEC = 15,        /* sched:sched_process_exec, compiled only for tests (MCP_TEST_TP_RAW_EXEC) */
 };
 
@@ -390,7 +392,7 @@ struct mcp_ev_tp_raw {
  * request or its close does. BEGIN and END carry the counters of the receiving thread, its process
  * and its serving group (cgroup) at that moment: user space takes the differences. */
 #define MCP_HTTP_HEAD_LEN 1024      /* bytes of the request head copied (method, target, traceparent) */
-#define MCP_HTTP_SCAN 512           /* bytes of the response head searched for its framing */
+#define MCP_HTTP_SCAN 256           /* bytes of the response head searched for its framing */
 
 enum mcp_http_event_type {
 	MCP_EV_HTTP_BEGIN = 20,

@@ -475,6 +475,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 		proc_stats.delete(&tgid);
 	}
 	watch_tgid.delete(&tgid);
+	unwatch_bit(tgid);
 	if (ts) {
 		/* Threads exit in no fixed order (the leader often first, at exit() or a signal): the
 		 * requests still open in the others are given back with the process, here, since their

@@ -27,6 +27,7 @@ from ..pcie.capability import Pcie
 from ..pcie.records import AerRecord, LinkEventRecord
 from ..reclaim import capability as reclaim_cap
 from ..reclaim.capability import Reclaim
+from ..reclaim.oom import OomKill
 from ..requests import capability as requests_cap
 from ..requests import owners
 from ..requests.capability import Requests
@@ -174,6 +175,7 @@ class Agent:
         self.processes.on_gone = tel.forget_processes
         self.reclaim = Reclaim(self.bpf, cfg, telemetry=tel, registry=self.processes.registry, proc_root=self.proc_root,
                                kswapd_attached=self.health.probes.get("kswapd_wake") == probes.ATTACHED)
+        self.gpu.record_handlers[OomKill] = self.reclaim.on_oom  # decoded from health.bpf.c's copies
         self.pcie.attach_telemetry(tel)
         self.cuda_cap.attach_telemetry(tel)
         # a request's evidence, in the order its attributes, links and events are merged

@@ -68,6 +68,21 @@ WATCH_PASS_S = 0.05
 WATCH_GAP_S = 0.45  # (<= 10% of a core while a round lasts)
 
 
+WATCH_BITS_WORDS = 4194304 // 64  # bpf/common.bpf.c MCP_WATCH_BITS_WORDS: tgids up to PID_MAX_LIMIT
+
+
+def write_bits(bpf, now: set[int], before: set[int]) -> None:
+    """The watch set as the kernel's watch_bits bitmap (the HTTP probes' cheap test): the words
+    whose pids changed, each rewritten whole from `now`."""
+    bits = bpf[b"watch_bits"]
+    for word in {p >> 6 for p in now ^ before if p < WATCH_BITS_WORDS * 64}:
+        v = 0
+        for p in now:
+            if p >> 6 == word:
+                v |= 1 << (p & 63)
+        bits[ctypes.c_uint32(word)] = ctypes.c_uint64(v)
+
+
 class Watcher:
     """Keeps the kernel's watch_tgid map to the watch set: the first round whole at start (the processes
     already running are watched when start returns), the later ones on a thread of its own."""
@@ -124,6 +139,7 @@ class Watcher:
                 table.pop(ctypes.c_uint32(pid), None)
             else:
                 follow.add(pid)
+        write_bits(b, follow, self._written)
         self._written = follow
         return True
 

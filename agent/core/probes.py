@@ -43,6 +43,7 @@ class ProbeSpec:
     # the loader attaches "tracepoint" (bcc TRACEPOINT_PROBE) and "tracepoint_raw" (a plain function
     # that copies the record, decoded with the run-time format); other kinds are attached by their module
     kind: str = "tracepoint"
+    fn: str = ""  # a plain function attached instead of the TRACEPOINT_PROBE (one program on several hooks)
 
     @property
     def macro(self) -> str:
@@ -50,6 +51,8 @@ class ProbeSpec:
 
     @property
     def fn_name(self) -> str:
+        if self.fn:
+            return self.fn
         prefix = "tp_raw__" if self.kind == "tracepoint_raw" else "tracepoint__"
         return prefix + self.tracepoint.replace(":", "__")
 
@@ -94,7 +97,9 @@ PROBES: tuple[ProbeSpec, ...] = (
               "pages scanned/reclaimed by kswapd, direct and memcg reclaim (cf. /proc/vmstat)",
               "needs vmscan events"),
     # zero-code HTTP/1.1 requests (http.bpf.c): socket syscalls of watched processes, no kprobes
-    *(ProbeSpec(name, f"syscalls:{tp}", "http.bpf.c", provides, HTTP_HINT) for name, tp, provides in (
+    *(ProbeSpec(name, f"syscalls:{tp}", "http.bpf.c", provides, HTTP_HINT,
+                fn="http_exit_read" if tp in ("sys_exit_read", "sys_exit_recvfrom") else
+                "http_exit_write" if tp.startswith("sys_exit_") else "") for name, tp, provides in (
         ("http_read", "sys_enter_read", "zero-code HTTP requests: read() arguments of watched processes"),
         ("http_read_ret", "sys_exit_read", "zero-code HTTP requests: a request head read (begin), a peer's close"),
         ("http_recvfrom", "sys_enter_recvfrom", "zero-code HTTP requests: recv()/recvfrom() arguments"),
@@ -135,6 +140,9 @@ PROBES: tuple[ProbeSpec, ...] = (
               "without it, stale entries age out by the sanity bound", kind="tracepoint_fn"),
     # GPU and PCIe health (health.bpf.c): the record's bytes, decoded with the format tracefs gives at
     # run time (agent/gpuhealth/health_records.py), since these events come and go with the driver and kernel config.
+    ProbeSpec("oom_kill", "oom:mark_victim", "health.bpf.c",
+              "OOM kills, host and memcg: the victim, its RSS, the requests it ended or shared a cgroup with",
+              "needs CONFIG_TRACEPOINTS (the oom events)", kind="tracepoint_raw"),
     ProbeSpec("gpu_xid", "nvidia:nvidia_dev_xid", "health.bpf.c",
               "Xid errors from the NVIDIA driver, by GPU and code (NVML Xid events are the fallback)",
               "the NVIDIA driver registers it when its module loads (driver 580 has it); "

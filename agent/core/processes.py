@@ -158,6 +158,9 @@ class Processes:
                        p(lambda c: [(c.cu_sync_ns / 1e9, {})])),
             Instrument("hostagent.process.cuda.ctx.time", "counter", "s", "time in cuCtxPush/Pop/SetCurrent",
                        p(lambda c: [(c.cu_ctx_ns / 1e9, {})])),
+            Instrument("hostagent.process.cuda.alloc.out_of_memory", "counter", "{error}",
+                       "device allocations that failed with CUDA_ERROR_OUT_OF_MEMORY",
+                       p(lambda c: [(c.cu_alloc_oom, {})])),
         ]
 
 

@@ -27,6 +27,7 @@ from ..core.tracefs import RecordError, TracepointFormat, decode_captured, load_
 from ..pcie.records import (
     AER_EVENT_FORMAT, PCIE_LINK_EVENT_FORMAT, AerRecord, LinkEventRecord, decode_aer, decode_link_event,
 )
+from ..reclaim.oom import MARK_VICTIM_FORMAT, OomKill, decode_mark_victim
 from .tracepoints import MISSING_WHY
 from .xid import NVIDIA_DEV_XID_FORMAT, XidRecord, decode_xid
 
@@ -40,6 +41,7 @@ KINDS: dict[int, tuple[str, TracepointFormat | None, Callable | None]] = {
     C["MCP_TP_NVIDIA_DEV_XID"]: ("nvidia/nvidia_dev_xid", NVIDIA_DEV_XID_FORMAT, decode_xid),
     C["MCP_TP_AER_EVENT"]: ("ras/aer_event", AER_EVENT_FORMAT, decode_aer),
     C["MCP_TP_PCIE_LINK_EVENT"]: ("pci/pcie_link_event", PCIE_LINK_EVENT_FORMAT, decode_link_event),
+    C["MCP_TP_OOM_MARK_VICTIM"]: ("oom/mark_victim", MARK_VICTIM_FORMAT, decode_mark_victim),
     C["MCP_TP_TEST_EXEC"]: ("sched/sched_process_exec", None, None),
 }
 
@@ -78,7 +80,7 @@ class HealthDecoder:
         self.format_source[name] = src
         return fmt
 
-    def decode(self, rec: TpRaw) -> XidRecord | AerRecord | LinkEventRecord | TpFields:
+    def decode(self, rec: TpRaw) -> XidRecord | AerRecord | LinkEventRecord | OomKill | TpFields:
         entry = KINDS.get(rec.kind)
         if entry is None:
             raise RecordError(f"unknown tracepoint kind {rec.kind}")

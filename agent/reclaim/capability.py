@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
+from dataclasses import replace
+from collections import Counter, deque
 
 from ..core import records as R
 from ..core.capability import Evidence
 from ..core.decode import Route
 from ..telemetry.spec import EventSpec, LinkSpec
-from . import memstat, records, telemetry as T
+from . import memstat, oom, records, telemetry as T
 from .rule import Episode, KswapdTracker, StormDetector, Thresholds, Window, in_reclaim
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -25,6 +26,7 @@ RT = {name[len("MCP_RT_"):].lower(): v for name, v in R.C.items() if name.starts
 KEEP_CLOSED_STORMS = 32  # closed episodes kept for request spans that end later and overlap them
 MAX_RECENT_REQUESTS = 100_000  # finished requests kept for the storm that may yet open over them
 MAX_STORM_LINKS = 128  # the SDK's default link limit per span (OTEL_SPAN_LINK_COUNT_LIMIT)
+KEEP_OOM_KILLS = 256  # recent kills, for the requests that end after them
 
 
 def bpf_settings(cfg) -> dict[str, int]:
@@ -57,6 +59,9 @@ class Reclaim:
         self.recent: deque = deque(maxlen=MAX_RECENT_REQUESTS)
         self.victims: dict[int, set] = {}  # storm span key number -> span ids of the requests it links to
         self._paths: dict[int, str] = {}  # tgid -> memory cgroup path, for this window's scope checks
+        self.oom_kills: deque = deque(maxlen=KEEP_OOM_KILLS)  # (victim tgid, OomKill)
+        self.oom_counts: Counter = Counter()  # scope -> kills since start
+        self._mem_total = oom.mem_total_bytes(proc_root)
 
     def routes(self) -> dict[int, Route]:
         kswapd = R.C["MCP_EV_KSWAPD"]
@@ -84,7 +89,53 @@ class Reclaim:
                      EventSpec("hostagent.reclaim_storm", max(fr.begin_ns, ep.start_ns), {"hostagent.storm.scope": ep.scope}),
                      ("hostagent.storm.trace_id", "hostagent.storm.span_id"))
             for n, ep in self.episodes if self._hit(ep, fr.tgid, fr.begin_ns, fr.end_ns))
-        return Evidence(attrs, links)
+        return Evidence(attrs, links) + self.oom_evidence(fr)
+
+    # ---- OOM kills (oom.py; the record comes decoded from gpuhealth's tracepoint copies) ----
+    def on_oom(self, kill: oom.OomKill, t_ns: int) -> list:
+        """A kill: its scope from the victim's memory cgroup limit (the trigger's when the victim is
+        gone already), kept for the requests it ended or shared a cgroup with, and counted."""
+        tgid = self._tgid_of(kill.victim)
+        info = None
+        for pid in (kill.victim, kill.trigger):
+            info = self.registry.cgroups.for_pid(pid) if self.registry is not None and pid else None
+            if info is not None:
+                break
+        scope = "unknown"
+        if info is not None:
+            v2 = self.registry.cgroups.v2_dir(info.v2_path) if info.v2_path else None
+            limited = oom.memcg_limited(oom.limit_files(v2, info.v1_paths.get("memory")), self._mem_total)
+            scope = "unknown" if limited is None else "memcg" if limited else "host"
+        kill = replace(kill, scope=scope, ts_ns=t_ns)
+        self.oom_kills.append((tgid, kill))
+        self.oom_counts[scope] += 1
+        return []
+
+    def _tgid_of(self, tid: int) -> int:
+        """The victim is a task holding the mm, not always the thread group's leader."""
+        try:
+            with open(f"{self.proc_root}/{tid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Tgid:"):
+                        return int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+        return tid
+
+    def oom_evidence(self, fr) -> Evidence:
+        """The kills during the request: its own process killed (the span says so), or a neighbour in
+        its memory cgroup (memcg scope) or anywhere (host scope): an event each."""
+        attrs, events = {}, []
+        for tgid, k in self.oom_kills:
+            if not fr.begin_ns <= k.ts_ns <= fr.end_ns:
+                continue
+            own = tgid == fr.tgid
+            if own:
+                attrs["hostagent.oom.killed"] = True
+            elif k.scope == "memcg" and self._memory_cgroup(tgid) != self._memory_cgroup(fr.tgid):
+                continue
+            events.append(EventSpec("hostagent.oom_kill", k.ts_ns, {**k.attributes(), "hostagent.oom.own_process": own}))
+        return Evidence(attrs, (), tuple(events))
 
     def on_request(self, fr, ctx) -> None:
         """Each finished request, with its span's context: kept for the storms decided after it."""
@@ -181,6 +232,7 @@ class Reclaim:
         self.last_rows = T.window_rows(t, self._stall_hist(), ratios, kswapd_cpu, psi,
                                        {s: det.episode is not None for s, det in self.storms.items()},
                                        self._cg_totals, vm)
+        self.last_rows["hostagent.oom.kills"] = [(n, {"hostagent.oom.scope": sc}) for sc, n in sorted(self.oom_counts.items())]
         self.telemetry.publish(self.last_rows)
 
     def _open(self, ep: Episode) -> None:

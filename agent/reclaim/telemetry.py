@@ -55,6 +55,9 @@ INSTRUMENTS = (
     Instrument("hostagent.reclaim.storm.active", "gauge", "", "1 while a reclaim storm episode is open, per scope"),
     Instrument("hostagent.cgroup.reclaim.stall.time", "counter", "s", "reclaim stall time of the cgroup's tasks, by kind"),
     Instrument("system.paging.faults", "counter", "{fault}", "host page faults by type (minor, major) from /proc/vmstat"),
+    Instrument("hostagent.oom.kills", "counter", "{kill}",
+               "OOM kills seen (oom:mark_victim), by hostagent.oom.scope: memcg (the victim's memory cgroup has a"
+               " limit below the machine's memory), host, unknown"),
 )
 
 

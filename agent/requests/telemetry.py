@@ -44,6 +44,7 @@ COUNTER_ATTRS = {
     "offcpu_runnable_ns": "hostagent.offcpu.runnable.time",
     "wakeup_wait_ns": "hostagent.offcpu.wakeup_wait.time",
     "wakeups": "hostagent.offcpu.wakeups",
+    "cu_alloc_oom": "hostagent.cuda.alloc.out_of_memory",
 }
 ALWAYS_SHOWN = {"faults", "vcsw", "ivcsw", "offcpu_ns"}
 TIME_FIELDS = frozenset(f for f in COUNTER_ATTRS if f.endswith("_ns"))

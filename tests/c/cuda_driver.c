@@ -164,6 +164,13 @@ static void run(char *line, char *out, size_t outsz)
 				call(i);
 	} else if (sscanf(line, "syncns %llu", &u) == 1) {
 		*sync_ns = u;
+	} else if (sscanf(line, "allocresult %ld", &n) == 1) {
+		volatile int *res = dlsym(lib, "fake_alloc_result");
+		if (!res) {
+			snprintf(out, outsz, "err no fake_alloc_result");
+			return;
+		}
+		*res = (int)n;
 	} else if (sscanf(line, "begin %llu", &u) == 1) {
 		mark(MCP_OP_BEGIN, u);
 	} else if (sscanf(line, "end %llu", &u) == 1) {

@@ -95,12 +95,15 @@ CUresult cuEventSynchronize(CUevent e)
 	return 0;
 }
 
+/* what the allocations return, set by the caller: 2 is CUDA_ERROR_OUT_OF_MEMORY (cuda.h) */
+volatile int fake_alloc_result;
+
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
-{ fake_calls[F_ALLOC]++; *dptr = 0x1000 + bytesize; return 0; }
+{ fake_calls[F_ALLOC]++; *dptr = 0x1000 + bytesize; return fake_alloc_result; }
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)
-{ fake_calls[F_ALLOC_ASYNC]++; *dptr = 0x2000 + bytesize; return 0; }
+{ fake_calls[F_ALLOC_ASYNC]++; *dptr = 0x2000 + bytesize; return fake_alloc_result; }
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s)
-{ fake_calls[F_ALLOC_ASYNC_PTSZ]++; *dptr = 0x3000 + bytesize; return 0; }
+{ fake_calls[F_ALLOC_ASYNC_PTSZ]++; *dptr = 0x3000 + bytesize; return fake_alloc_result; }
 CUresult cuMemFree_v2(CUdeviceptr dptr) { fake_calls[F_FREE]++; return 0; }
 CUresult cuCtxSynchronize_v2(CUcontext ctx) { fake_calls[F_CSYNC_V2]++; wait_ns(fake_sync_ns); return 0; }
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) { fake_calls[F_FREE_ASYNC]++; return 0; }

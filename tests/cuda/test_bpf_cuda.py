@@ -496,3 +496,22 @@ def test_a_request_says_what_the_gpu_steps_beside_it_did(gpu, build, drivers):
     assert 0.002 <= a["hostagent.request.gpu_steps.duration.max"] < a["hostagent.request.gpu_steps.sync.time"] + 0.01
     assert 3 * 0.002 <= a["hostagent.request.gpu_steps.sync.time"] < 3 * 0.002 + 0.03
     assert "hostagent.cuda.launches.cuLaunchKernel" not in a  # the request's own thread launched nothing
+
+
+def test_out_of_memory_allocations_are_counted_from_their_return_value(gpu, build, drivers):
+    d = drivers()
+    wait_attached(gpu, build.lib, d.pid)
+    d.do("sym cuMemAlloc_v2 1")  # a first call: the process's counters exist
+    before = proc(gpu, d.pid)
+    d.do("allocresult 2")  # CUDA_ERROR_OUT_OF_MEMORY
+    d.do("begin 901")
+    d.do("sym cuMemAlloc_v2 3")
+    d.do("end 901")
+    d.do("allocresult 0")
+    d.do("sym cuMemAlloc_v2 2")
+    after = proc(gpu, d.pid)
+    assert after.cu_alloc_oom - before.cu_alloc_oom == 3
+    assert after.cu_allocs - before.cu_allocs == 5
+    (span,) = gpu.ra.wait_spans(1, **{"process.pid": d.pid, "hostagent.request.id": f"{901:016x}"})
+    assert span.attributes["hostagent.cuda.alloc.out_of_memory"] == 3
+    assert span.attributes["hostagent.cuda.alloc.count"] == 3

@@ -177,6 +177,38 @@ def test_a_cgroup_storm_links_exactly_its_victims(make_agent, memcg):
             os.unlink(f)
 
 
+def test_an_oom_kill_in_a_memcg_ends_its_request_and_says_so(make_agent, memcg):
+    """A marked request allocating past its cgroup's 64 MiB: the kernel kills the process. The kill
+    comes from oom:mark_victim (its count checked against /proc/vmstat oom_kill), scoped memcg; the
+    request's span ends at the process's exit and says the process was OOM-killed."""
+    a = make_agent()
+    if a.agent.plan.statuses["oom_kill"].state != "attached":
+        pytest.fail(f"oom:mark_victim not attached: {a.agent.plan.statuses['oom_kill'].reason}")
+    cg_path, add = memcg
+    child = Child()
+    kills0, vm0 = sum(a.agent.reclaim.oom_counts.values()), memstat.read_vmstat()
+    try:
+        child.do("spin 1")
+        add(child.pid)
+        child.p.stdin.write(f"begin 501 {TP}\ntouch 65536\n")  # 256 MiB of first touches: killed on the way
+        child.p.stdin.flush()
+        assert child.p.wait(30) == -9, "the child was not OOM-killed"
+        assert wait_for(lambda: sum(a.agent.reclaim.oom_counts.values()) > kills0, 10), "no oom:mark_victim record"
+        vm1 = memstat.read_vmstat()
+        assert sum(a.agent.reclaim.oom_counts.values()) - kills0 == vm1["oom_kill"] - vm0["oom_kill"] >= 1
+        (tgid, kill), = [(t, k) for t, k in a.agent.reclaim.oom_kills if t == child.pid]
+        assert kill.scope == "memcg" and kill.comm.startswith("python") and kill.victim == child.pid
+        if kill.anon_rss_kb is not None:  # kernels >= 6.8: the victim's memory, as the kernel counted it
+            assert kill.anon_rss_kb + kill.shmem_rss_kb >= 48 << 10, kill  # `touch` maps shared memory: shmem
+        (span,) = a.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{501:016x}"})
+        assert span.attributes["hostagent.request.end_reason"] in ("process_exit", "thread_exit")
+        assert span.attributes["hostagent.oom.killed"] is True
+        (ev,) = [e for e in span.events if e.name == "hostagent.oom_kill"]
+        assert ev.attributes["hostagent.oom.scope"] == "memcg" and ev.attributes["hostagent.oom.own_process"] is True
+    finally:
+        child.close()
+
+
 def _exported_stalls(a, kind: str) -> int:
     """The count of the exported hostagent.reclaim.stall.duration histogram point of `kind`."""
     points = [p for m in a.agent.telemetry.kernel_histograms() if m.name == "hostagent.reclaim.stall.duration"

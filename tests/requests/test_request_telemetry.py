@@ -52,6 +52,7 @@ DOC_NAMES = {
     "offcpu_runnable_ns": "hostagent.offcpu.runnable.time",
     "wakeup_wait_ns": "hostagent.offcpu.wakeup_wait.time",
     "wakeups": "hostagent.offcpu.wakeups",
+    "cu_alloc_oom": "hostagent.cuda.alloc.out_of_memory",
 }
 # the fields the kernel counts in ns, exported in seconds (names end in .time, never in a unit)
 DOC_TIME_FIELDS = {"offcpu_ns", "direct_reclaim_ns", "memcg_reclaim_ns", "cu_ctx_ns", "cu_sync_ns", "cu_alloc_ns",

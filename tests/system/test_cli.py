@@ -319,7 +319,7 @@ def check_dump(r, disabled=(), sees_tracefs=True):
     assert "-DMCP_WATCH_ALL=0" in flags and "-DMCP_MAX_OPEN_PER_PID=1024" in flags
     for p in tracepoint_probes():
         cat, event = p.tracepoint.split(":")
-        source = f"TRACEPOINT_PROBE({cat}, {event})" if p.kind == "tracepoint" else f"int {p.fn_name}("
+        source = f"TRACEPOINT_PROBE({cat}, {event})" if p.kind == "tracepoint" and not p.fn else f"int {p.fn_name}("
         assert source in r.stdout, f"no source for probe {p.name}"
 
 

@@ -74,6 +74,7 @@ def exported():
     from mcp_hostagent.reclaim import memstat
     from mcp_hostagent.reclaim import telemetry as reclaim_t
     from mcp_hostagent.reclaim.capability import Reclaim
+    from mcp_hostagent.reclaim.oom import OomKill
     from mcp_hostagent.reclaim.records import ReclaimStall
     from mcp_hostagent.reclaim.rule import Episode
     from mcp_hostagent.requests import telemetry as requests_t
@@ -124,6 +125,8 @@ def exported():
         reclaim = SimpleNamespace(kswapd_attached=True, kswapd=SimpleNamespace(active_ns=lambda t0, t1, nid=None: 5 * ms),
                                   episodes=list(enumerate(storms)), _paths={fr.tgid: CGROUP})  # the request's memory cgroup
         reclaim._hit = functools.partial(Reclaim._hit, reclaim)
+        reclaim.oom_kills = [(fr.tgid, OomKill(fr.tgid, "vllm", 1 << 20, 0, 0, 0, ts_ns=150 * ms, scope="memcg"))]
+        reclaim.oom_evidence = functools.partial(Reclaim.oom_evidence, reclaim)
         agg = GpuAggregate(index=0, uuid="GPU-8a1c", pci_bus_id=GPU_BDF, samples=4, util_gpu_mean_pct=35.0,
                            util_gpu_max_pct=90, util_mem_mean_pct=20.0, util_mem_max_pct=40,
                            mem_used_max_bytes=60 << 30, sm_clock_min_mhz=900, sm_clock_max_mhz=1980,

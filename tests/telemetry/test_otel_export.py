@@ -338,6 +338,7 @@ def test_per_process_metrics_carry_no_command_line_only_bounded_identity(tmp_pat
         "hostagent.process.cuda.launches": ("{launch}", [(9, bounded)]),
         "hostagent.process.cuda.sync.time": ("s", [(7_000 / 1e9, bounded)]),
         "hostagent.process.cuda.ctx.time": ("s", [(80 / 1e9, bounded)]),
+        "hostagent.process.cuda.alloc.out_of_memory": ("{error}", [(0, bounded)]),
     }
     for _, (_, points) in rows.items():
         for _, attrs in points:
