@@ -71,8 +71,13 @@ def _check_header_tree() -> None:
     /lib/modules/R/build when present; kheaders otherwise). Without it the compile stops at its first
     line, and libbcc 0.26's type visitor then walks the broken AST and can crash the process
     (SIGSEGV in BTypeVisitor::VisitVarDecl, seen with a tree holding only include/): refused here."""
-    tree = os.environ.get("BCC_KERNEL_SOURCE") or f"/lib/modules/{os.uname().release}/build"
-    if os.path.isdir(tree) and not os.path.exists(os.path.join(tree, "include", "linux", "kconfig.h")):
+    explicit = os.environ.get("BCC_KERNEL_SOURCE")
+    modules = f"/lib/modules/{os.uname().release}"
+    tree = explicit or f"{modules}/build"
+    # Debian splits a tree: build -> linux-headers-R-<flavour> (generated), source -> -common (kconfig.h
+    # among the rest); bcc reads both
+    homes = [tree, os.path.join(tree, "source")] + ([] if explicit else [f"{modules}/source"])
+    if os.path.isdir(tree) and not any(os.path.exists(os.path.join(h, "include", "linux", "kconfig.h")) for h in homes):
         raise LoadError(f"compile {UNIT_NAME}: Failed to compile: {tree} has no include/linux/kconfig.h "
                         "(not a kernel header tree)")
 

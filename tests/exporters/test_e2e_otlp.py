@@ -203,7 +203,8 @@ def check_health_metrics(sink, child: Child, a: "AgentThread") -> None:
     assert {m.metric.name for m, _ in mine} >= {"hostagent.process.user_faults", "process.context_switches",
                                                 "hostagent.process.offcpu.time", "process.paging.faults"}
     for m, pa in mine:
-        assert set(pa) - {"process.context_switch.type", "process.paging.fault_type", "hostagent.reclaim.kind"} \
+        assert set(pa) - {"process.context_switch.type", "process.paging.fault_type", "hostagent.reclaim.kind",
+                          "hostagent.runqueue.wait"} \
             <= set(METRIC_IDENTITY), (m.metric.name, pa)
         assert "process.command_line" not in pa and "process.pid" not in m.resource
     assert {m.metric.unit for m, _ in mine if m.metric.name == "hostagent.process.offcpu.time"} == {"s"}

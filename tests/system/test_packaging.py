@@ -28,6 +28,7 @@ from notify_listener import NotifySocket
 from mcp_hostagent import __version__
 from mcp_hostagent import sdnotify
 from test_cli import (AGENT, BPF_PROG_GET_FD_BY_ID, bpf_ids, bpf_object_exists, clean_env, expected_attached,
+                      expected_programs,
                       expected_missing,
                       probe_counts)
 
@@ -199,7 +200,7 @@ def test_run_ready_after_probes_attached_watchdog_and_stopping(tmp_path):
             assert any(ln.startswith("  control:  ") for ln in lines), lines
             counts = probe_counts(at_ready["stderr"])
             assert counts["missing"] == len(expected_missing()), counts
-            assert len(at_ready["bpf"]["prog"]) >= len(expected_attached()), at_ready["bpf"]
+            assert len(at_ready["bpf"]["prog"]) >= expected_programs(), at_ready["bpf"]
             assert all(bpf_object_exists(BPF_PROG_GET_FD_BY_ID, i) for i in at_ready["bpf"]["prog"])
             assert at_ready["socket"]
             n_ready = len(notify.messages)

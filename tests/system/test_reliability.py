@@ -28,7 +28,7 @@ from mcp_hostagent import marker
 from mcp_hostagent.cli import _checked, main
 from mcp_hostagent.exporters.jsonl import metrics_path
 from test_cli import (AGENT, BPF_MAP_GET_FD_BY_ID, BPF_PROG_GET_FD_BY_ID, ERROR, bpf_ids, bpf_object_exists, clean_env,
-                      expected_attached, expected_missing, lines, probe_counts)
+                      expected_attached, expected_missing, expected_programs, lines, probe_counts)
 
 STOPPED = re.compile(r"stopped: probes \d+/\d+ \| requests \d+ open \d+ \| spans exported (\d+) dropped (\d+) \| "
                      r"lost kernel (\d+) user (\d+)")
@@ -243,7 +243,7 @@ def test_sigterm_during_outage_exits_within_5s_and_detaches(tmp_path):
     try:
         a.ready()
         held = bpf_ids(a.p.pid)
-        assert len(held["prog"]) >= len(expected_attached())
+        assert len(held["prog"]) >= expected_programs()
         m = Marker(rate=100)
         time.sleep(2.5)  # the batch worker is now inside a 10 s export that cannot succeed
         rc, took = a.term(within=5)

@@ -251,7 +251,7 @@ class InProcAgent:
 
         self.agent.start()
         # before the loop's first poll: every record is counted, every finished request kept
-        self.agent.requests.listeners.append(self.finished.append)
+        self.agent.requests.listeners.append(lambda fr, ctx=None: self.finished.append(fr))
         self.agent.routes = {t: Route(r.struct, r.build, (count, *r.handlers)) for t, r in self.agent.routes.items()}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self.agent.run, args=(self._stop,), daemon=True)
