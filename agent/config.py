@@ -204,6 +204,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("requests.http", "bool", True,
       "Find HTTP/1.1 requests of watched processes with no code in them (socket syscall tracepoints, "
       "docs/HTTP.md); false turns the http_* probes off, and their cost on every read and write of the host"),
+    S("requests.group", "choice", "cgroup",
+      "A request's serving group, whose threads' faults, switches and reclaim its span sums beside its own thread's:"
+      " the thread's cgroup (its container or systemd unit), or the process tree the serving process roots"
+      " (processes it forks, such as a batching engine)", choices=("cgroup", "tree")),
     S("requests.mark_users", "list[str]", (),
       "Users (names or uids) whose processes may mark requests; with mark_cgroups, unset: anyone may, within"
       " the per-uid and per-cgroup budgets. Others' markers are counted and dropped in the kernel",
@@ -317,6 +321,7 @@ class Config:
     requests_idle_expiry_s: float
     requests_max_begins_per_s_per_pid: int
     requests_http: bool
+    requests_group: str
     requests_mark_users: tuple[str, ...]
     requests_mark_cgroups: tuple[str, ...]
     requests_max_begins_per_s_per_uid: int

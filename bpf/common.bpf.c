@@ -69,6 +69,12 @@
 #define MCP_MAX_PROCS 4096
 #endif
 #define MCP_MAX_GROUPS 1024
+/* requests.group: 0 a request's serving group is its thread's cgroup; 1 the process tree it belongs to
+ * (tree_root: a serving process is its own root, processes it forks inherit it) */
+#ifndef MCP_GROUP_TREE
+#define MCP_GROUP_TREE 0
+#endif
+#define MCP_TREE_GROUP (1ULL << 62)  /* a tree group's key: this bit | the root's tgid (cgroup ids are inode numbers, far below) */
 #ifndef MCP_HTTP_RINGBUF_PAGES
 #define MCP_HTTP_RINGBUF_PAGES 512
 #endif
@@ -107,6 +113,7 @@ BPF_TABLE("lru_hash", u64, struct mcp_counters, group_stats, MCP_MAX_GROUPS);
 /* [0]: non-zero once a serving group exists, so that hosts without zero-code requests pay no
  * cgroup lookup per fault and switch */
 BPF_ARRAY(groups_on, u32, 1);
+BPF_TABLE("lru_hash", u32, u32, tree_root, MCP_MAX_PROCS * 4);  /* tgid -> its serving tree's root (MCP_GROUP_TREE) */
 BPF_ARRAY(zero_counters, struct mcp_counters, 1);  /* a zero value to insert, off the 512-byte stack */
 /* The watch set again, as a bitmap over tgids (pid_max is at most 2^22: PID_MAX_LIMIT), for the HTTP
  * probes that run on every read and write of the host: an array lookup the JIT inlines, where the
@@ -206,14 +213,23 @@ static __always_inline struct mcp_counters *group_counters(u64 g)
 	return group_stats.lookup(&g);
 }
 
-/* the current thread's cgroup id when that cgroup is a serving group, else 0 */
+/* the current thread's serving group (its cgroup id, or its tree's key) when it has counters, else 0 */
 static __always_inline u64 serving_group(void)
 {
 	u32 z = 0;
 	u32 *on = groups_on.lookup(&z);
 	if (!on || !*on)
 		return 0;
-	u64 cg = bpf_get_current_cgroup_id();
+	u64 cg;
+	if (MCP_GROUP_TREE) {
+		u32 tgid = bpf_get_current_pid_tgid() >> 32;
+		u32 *root = tree_root.lookup(&tgid);
+		if (!root)
+			return 0;
+		cg = MCP_TREE_GROUP | *root;
+	} else {
+		cg = bpf_get_current_cgroup_id();
+	}
 	/* not `lookup() ? cg : 0`: bcc's rewriter crashed clang on that form when headers were broken */
 	struct mcp_counters *g = group_stats.lookup(&cg);
 	if (!g)

@@ -130,6 +130,12 @@ static __always_inline void http_begin(struct mcp_http_conn_key *k, struct mcp_h
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	u32 tid = (u32)pid_tgid, tgid = pid_tgid >> 32;
 	u64 g = bpf_get_current_cgroup_id();
+	if (MCP_GROUP_TREE) {  /* the serving process roots a tree unless it is in one already */
+		u32 *root = tree_root.lookup(&tgid);
+		if (!root)
+			tree_root.update(&tgid, &tgid);
+		g = MCP_TREE_GROUP | (root ? *root : tgid);
+	}
 	if (group_counters(g)) {
 		u32 z = 0, one = 1;
 		groups_on.update(&z, &one);

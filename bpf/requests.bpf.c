@@ -443,6 +443,23 @@ TRACEPOINT_PROBE(sched, sched_wakeup)
 }
 #endif /* MCP_PROBE_SCHED_WAKEUP */
 
+#if MCP_PROBE_GROUP_FORK
+/* requests.group = tree: a process forked by one in a serving tree joins it (threads land here too,
+ * keyed by their tid: never looked up, the LRU ages them out) */
+TRACEPOINT_PROBE(sched, sched_process_fork)
+{
+	if (!MCP_GROUP_TREE)
+		return 0;
+	u32 tgid = bpf_get_current_pid_tgid() >> 32;  /* current is the parent */
+	u32 *root = tree_root.lookup(&tgid);
+	if (root) {
+		u32 child = args->child_pid, r = *root;
+		tree_root.update(&child, &r);
+	}
+	return 0;
+}
+#endif /* MCP_PROBE_GROUP_FORK */
+
 #if MCP_PROBE_PROCESS_EXIT
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
@@ -476,6 +493,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	}
 	watch_tgid.delete(&tgid);
 	unwatch_bit(tgid);
+	tree_root.delete(&tgid);
 	if (ts) {
 		/* Threads exit in no fixed order (the leader often first, at exit() or a signal): the
 		 * requests still open in the others are given back with the process, here, since their

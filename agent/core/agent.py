@@ -185,7 +185,8 @@ class Agent:
                                            self.nic.evidence, self.cuda_cap.evidence),
                                  listeners=(self.snapshots.on_request, self.reclaim.on_request))
         self.http = Http(self.bpf, finish=self.requests.finish, idle_expiry_s=cfg.requests_idle_expiry_s,
-                         rejected=self.health.rejected, proc_root=self.proc_root)
+                         rejected=self.health.rejected, proc_root=self.proc_root, tree=cfg.requests_group == "tree")
+        self.cuda_cap.root_of = self.http.root_of  # a tree group's GPU steps (requests.group = tree)
         self.routes = self._route_table()
         sources = [*self.gpu.start(bpf_xid=self.health.probes.get("gpu_xid") == probes.ATTACHED),
                    *self.pcie.start(enabled=cfg.gpu_enabled), *self.nic.start()]

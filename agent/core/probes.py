@@ -76,6 +76,9 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("sched_wakeup", "sched:sched_wakeup", "requests.bpf.c",
               "run-queue latency: wake-up to running, per request, process and serving group",
               "needs tracepoints (CONFIG_TRACEPOINTS)"),
+    ProbeSpec("group_fork", "sched:sched_process_fork", "requests.bpf.c",
+              "requests.group = tree: processes forked in a serving tree join its group",
+              "needs tracepoints (CONFIG_TRACEPOINTS)"),
     ProbeSpec("process_exit", "sched:sched_process_exit", "requests.bpf.c",
               "closes requests of threads that exit inside them; frees per-process state",
               "without it, open requests end by idle expiry only"),
@@ -210,7 +213,10 @@ HTTP_PROBES = tuple(p.name for p in PROBES if p.program == "http.bpf.c")
 
 def switched_off(cfg) -> dict[str, str]:
     """Probes a setting other than probes.disable turns off -> the reason shown."""
-    return {} if cfg.requests_http else dict.fromkeys(HTTP_PROBES, "disabled by requests.http = false")
+    off = {} if cfg.requests_http else dict.fromkeys(HTTP_PROBES, "disabled by requests.http = false")
+    if cfg.requests_group != "tree":
+        off["group_fork"] = f"disabled by requests.group = {cfg.requests_group}"
+    return off
 
 
 def plan(disabled: list[str] | tuple[str, ...] = (), exists=tracepoint_exists, off: dict[str, str] | None = None) -> ProbePlan:

@@ -709,6 +709,7 @@ class Cuda:
         self.probes: CudaProbes | None = None
         self.gate = steps.OutlierGate(0.05, 10.0)  # start() sets the configured ones
         self.step_log = steps.StepLog()  # for the requests in flight beside the steps
+        self.root_of = lambda tgid: None  # tgid -> its process tree's root (requests.group = tree; the core sets it)
 
     def attach_telemetry(self, telemetry) -> None:
         self.telemetry = telemetry
@@ -754,11 +755,24 @@ class Cuda:
 
     def evidence(self, fr) -> Evidence:
         found = steps.findings(fr.counters, fr.end_ns - fr.begin_ns)
-        # the serving group's steps (a batching engine's): an HTTP request's group, else the thread's cgroup
-        group = fr.attributes.get("hostagent.request.group.cgroup_id") or fr.cgroup_id
+        # the serving group's steps (a batching engine's): an HTTP request's group (cgroup or process
+        # tree), else the thread's cgroup
+        root = fr.attributes.get("hostagent.request.group.root_pid")
+        if root is not None:
+            roots: dict[int, int | None] = {}
+
+            def member(cg: int, tgid: int) -> bool:
+                if tgid not in roots:
+                    roots[tgid] = self.root_of(tgid)
+                return roots[tgid] == root
+        else:
+            group = fr.attributes.get("hostagent.request.group.cgroup_id") or fr.cgroup_id
+
+            def member(cg: int, tgid: int) -> bool:
+                return cg == group
         return Evidence({**{f"hostagent.finding.{k}": v for k, v in found.items()},
                          **self._coverage(fr.counters, fr.tgid, fr.begin_ns, fr.end_ns),
-                         **self.step_log.summary(group, fr.begin_ns, fr.end_ns)})
+                         **self.step_log.summary(member, fr.begin_ns, fr.end_ns)})
 
     def _coverage(self, counters, pid: int, t0_ns: int, t1_ns: int) -> dict:
         """The launch counts of a window where a probe was duty-cycled: estimates or unknown, labelled

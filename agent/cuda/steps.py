@@ -122,13 +122,14 @@ class StepLog:
         while s and (len(s) > self.MAX_STEPS or s[0][0] < step.hdr.ts_ns - self.KEEP_NS):
             s.popleft()
 
-    def summary(self, cgroup_id: int, t0_ns: int, t1_ns: int) -> dict:
-        """Span attributes for the steps of that cgroup overlapping [t0, t1]; {} when none."""
+    def summary(self, member, t0_ns: int, t1_ns: int) -> dict:
+        """Span attributes for the steps overlapping [t0, t1] of the group member(cgroup_id, tgid) says
+        a step's thread is in; {} when none."""
         n = launches = sync_ns = 0
         longest = 0
         pids = set()
         for end, begin, cg, tgid, nl, sn in self._steps:
-            if cg != cgroup_id or end <= t0_ns or begin >= t1_ns:
+            if end <= t0_ns or begin >= t1_ns or not member(cg, tgid):
                 continue
             n += 1
             launches += nl

@@ -9,6 +9,7 @@ close syscall).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 
@@ -20,9 +21,12 @@ SCAN_S = 5.0  # between scans of the kernel's connection map
 
 
 class Http:
-    def __init__(self, bpf, *, finish, idle_expiry_s: float, rejected, proc_root: str = "/proc"):
-        """finish: Requests.finish (a FinishedRequest -> its span, metric and listeners)."""
+    def __init__(self, bpf, *, finish, idle_expiry_s: float, rejected, proc_root: str = "/proc", tree: bool = False):
+        """finish: Requests.finish (a FinishedRequest -> its span, metric and listeners); tree:
+        requests.group = tree (the processes a serving process started before its first request
+        join its tree here; later ones by the kernel's fork probe)."""
         self.bpf = bpf
+        self.tree = tree
         self.finish = finish
         self.idle_expiry_s = idle_expiry_s
         self.proc_root = proc_root
@@ -45,7 +49,40 @@ class Http:
             self._next_scan = now + min(SCAN_S, self.idle_expiry_s / 2)
             self.scan()
 
+    def seed_trees(self) -> None:
+        """requests.group = tree: every descendant of a tree's root (from /proc PPid) joins its tree."""
+        roots = {k.value: v.value for k, v in self.bpf[b"tree_root"].items()}
+        if not roots:
+            return
+        children: dict[int, list[int]] = {}
+        for name in os.listdir(self.proc_root):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"{self.proc_root}/{name}/stat", "rb") as f:
+                    ppid = int(f.read(4096).rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+        table = self.bpf[b"tree_root"]
+        for pid, root in list(roots.items()):
+            if pid != root:
+                continue
+            todo = list(children.get(pid, ()))
+            while todo:
+                c = todo.pop()
+                if roots.get(c) != root:
+                    table[ctypes.c_uint32(c)] = ctypes.c_uint32(root)
+                    roots[c] = root
+                todo.extend(children.get(c, ()))
+
+    def root_of(self, tgid: int) -> int | None:
+        v = self.bpf[b"tree_root"].get(ctypes.c_uint32(tgid))
+        return None if v is None else v.value
+
     def scan(self) -> None:
+        if self.tree:
+            self.seed_trees()
         conns = self.bpf[b"http_conn"]
         now_ns = time.monotonic_ns()
         idle_ns = int(self.idle_expiry_s * 1e9)

@@ -20,6 +20,7 @@ from ..requests.join import FinishedRequest
 from . import parse
 from .records import HttpBegin, HttpEnd
 
+TREE_GROUP = 1 << 62  # bpf/common.bpf.c MCP_TREE_GROUP: a process-tree group's key, | the root's tgid
 MAX_OPEN = 65536  # BEGINs waiting for their END; past it the oldest are dropped and counted
 END_REASONS = {"complete": "http_complete", "next_request": "http_next_request", "closed": "http_closed"}
 
@@ -136,7 +137,9 @@ class HttpJoiner:
                         counters = d
                     else:
                         scopes.append((name, d))
-                if end.group:
+                if end.group & TREE_GROUP:
+                    attrs["hostagent.request.group.root_pid"] = end.group & 0xFFFF_FFFF
+                elif end.group:
                     attrs["hostagent.request.group.cgroup_id"] = end.group
         if end is not None:
             attrs["hostagent.http.response.size"] = end.written

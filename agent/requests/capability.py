@@ -24,7 +24,7 @@ REQ_READ_TELL_EVERY = 64
 
 def bpf_settings(cfg) -> dict[str, int]:
     """requests.bpf.c's compile-time settings: per-process and per-owner limits."""
-    return {"MCP_MAX_OPEN_PER_PID": cfg.requests_max_open_per_pid,
+    return {"MCP_MAX_OPEN_PER_PID": cfg.requests_max_open_per_pid, "MCP_GROUP_TREE": cfg.requests_group == "tree",
             "MCP_MAX_BEGINS_PER_S": cfg.requests_max_begins_per_s_per_pid, **owners.bpf_settings(cfg)}
 
 

@@ -265,3 +265,39 @@ def test_an_unwatched_server_gets_no_spans(agent):
     finally:
         other.kill()
         other.wait()
+
+
+def test_tree_groups_follow_the_servers_children_not_its_cgroup(make_agent):
+    """requests.group = tree: the server shares its cgroup with this test's processes, and its group
+    is its process tree alone: the engine process it forks, not the neighbours."""
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, "-m", "uvicorn", "fastapi_app:app", "--app-dir", HERE, "--host", "127.0.0.1",
+                            "--port", str(port), "--loop", "asyncio", "--http", "h11", "--log-level", "warning"])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and srv.poll() is None, "uvicorn did not start"
+                time.sleep(0.1)
+        a = make_agent(process__pids=[srv.pid], requests__group="tree")
+        assert a.agent.plan.statuses["group_fork"].state == "attached"
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+        request(conn, "GET", "/engine/pid", 5, 1)  # the server roots its tree, then forks the engine
+        engine = json.loads(request(conn, "GET", "/engine/pid", 5, 2)[1])["pid"]
+        request(conn, "POST", "/engine?pages=1", 5, 3)
+        tree = (f"/proc/{srv.pid}", f"/proc/{engine}")
+        before = sum(faults(f"{p}/task/{t}/stat") for p in tree for t in os.listdir(f"{p}/task"))
+        status, body = request(conn, "POST", f"/engine?pages={PAGES}", 0xF06, 0x70)
+        after = sum(faults(f"{p}/task/{t}/stat") for p in tree for t in os.listdir(f"{p}/task"))
+        conn.close()
+        inner = json.loads(body)
+        assert status == 200 and inner["pid"] == engine
+        at = span_for(a, 0xF06, 0x70).attributes
+        assert at["hostagent.request.group.root_pid"] == srv.pid
+        assert inner["faults"] <= at["hostagent.request.group.faults.user"] <= after - before, (inner, dict(at))
+    finally:
+        srv.kill()
+        srv.wait()
