@@ -18,6 +18,7 @@ from .join import HttpJoiner
 from . import records
 
 SCAN_S = 5.0  # between scans of the kernel's connection map
+MAX_CHECKED = 65536  # connections whose fd type is remembered
 
 
 class Http:
@@ -32,16 +33,51 @@ class Http:
         self.proc_root = proc_root
         self.joiner = HttpJoiner(rejected)
         self._next_scan = 0.0
+        self._checked: dict[tuple[int, int], bool] = {}  # (tgid, conn_id) -> its fd is a socket
 
     def routes(self):
-        handlers = {R.C["MCP_EV_HTTP_BEGIN"]: self.joiner.on_begin, R.C["MCP_EV_HTTP_END"]: self.on_end}
+        handlers = {R.C["MCP_EV_HTTP_BEGIN"]: self.on_begin, R.C["MCP_EV_HTTP_END"]: self.on_end}
         return {t: r.with_handlers(handlers[t]) for t, r in records.DECODERS.items()}
 
     def instruments(self):
         return ()  # request spans and hostagent.request.duration are the requests capability's
 
+    def on_begin(self, rec: records.HttpBegin) -> None:
+        """A connection's first request: is its fd a socket? The kernel side only saw a read starting
+        with an HTTP method (a watched process reading a file of requests would pass there)."""
+        key = (rec.hdr.tgid, rec.conn_id)
+        if key not in self._checked:
+            if len(self._checked) >= MAX_CHECKED:
+                self._checked.pop(next(iter(self._checked)))
+            self._checked[key] = self._is_socket(rec.hdr.tgid, rec.fd)
+            if not self._checked[key]:
+                self.joiner.rejected["http_not_socket"] += 1
+                self._forget_conn(rec.hdr.tgid, rec.fd, rec.conn_id)
+        if self._checked[key]:
+            self.joiner.on_begin(rec)
+
     def on_end(self, rec: records.HttpEnd) -> None:
+        if self._checked.get((rec.hdr.tgid, rec.conn_id)) is False:
+            return  # not a socket: its BEGIN was dropped, and counted
         self.finish(self.joiner.on_end(rec))
+
+    def _is_socket(self, tgid: int, fd: int) -> bool:
+        """/proc/PID/fd/N of a socket reads socket:[inode]. Unreadable (the fd or process gone): yes,
+        the kernel saw an HTTP head on it."""
+        try:
+            return os.readlink(f"{self.proc_root}/{tgid}/fd/{fd}").startswith("socket:")
+        except OSError:
+            return True
+
+    def _forget_conn(self, tgid: int, fd: int, conn_id: int) -> None:
+        conns = self.bpf[b"http_conn"]
+        k = R.HttpConnKey(tgid, fd)
+        c = conns.get(k)
+        if c is not None and c.conn_id == conn_id:
+            try:
+                del conns[k]
+            except KeyError:
+                pass
 
     def tick(self) -> None:
         now = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import pytest
@@ -98,3 +99,36 @@ def test_lost_begin_and_errors():
     j.on_begin(begin(2, 300))
     gone = j.on_gone(10, 5, 2, 400, "process_exit")
     assert gone.is_error and gone.end_reason == "process_exit" and not j.open
+
+
+class _Map(dict):
+    def get(self, k, default=None):
+        return super().get((k.tgid, k.fd), default)
+
+    def __delitem__(self, k):
+        super().__delitem__((k.tgid, k.fd))
+
+
+def test_a_request_head_read_from_a_file_is_not_a_request(tmp_path):
+    """The kernel only saw a read starting with a method: the capability checks the fd is a socket
+    (/proc/PID/fd/N -> socket:[inode]), drops a file's "request" and its END, counts it, and stops
+    the kernel following that fd."""
+    from types import SimpleNamespace
+
+    from mcp_hostagent.http.capability import Http
+
+    fd_dir = tmp_path / "10" / "fd"
+    fd_dir.mkdir(parents=True)
+    os.symlink("socket:[4242]", fd_dir / "7")
+    os.symlink("/var/log/requests.txt", fd_dir / "8")
+    conns = _Map({(10, 7): SimpleNamespace(conn_id=5), (10, 8): SimpleNamespace(conn_id=6)})
+    done = []
+    rej = Counter()
+    h = Http({b"http_conn": conns}, finish=done.append, idle_expiry_s=60, rejected=rej, proc_root=str(tmp_path))
+    h.on_begin(begin(1, 100, conn=5))
+    file_begin = HttpBegin(hdr(ts=100), 6, 1, 77, 8, b"GET /x HTTP/1.1\r\n\r\n", Counters(), Counters(), Counters())
+    h.on_begin(file_begin)
+    h.on_end(end(1, 200, 100, conn=5))
+    h.on_end(HttpEnd(hdr(ts=300), 6, 1, 100, 0, 77, 8, 10, 0, "closed", "unknown", Counters(), Counters(), Counters()))
+    assert [fr.request_id for fr in done] == [request_id(5, 1)]
+    assert rej["http_not_socket"] == 1 and (10, 8) not in conns and (10, 7) in conns
