@@ -23,7 +23,7 @@ from otlp_receiver import GrpcReceiver, HttpReceiver, ReceivedMetric, ReceivedSp
 from mcp_hostagent import __version__
 from mcp_hostagent.exporters.jsonl import ids_to_base64, metrics_path
 from mcp_hostagent.core.kernel import tracepoint_exists
-from mcp_hostagent.core.probes import PROBES
+from mcp_hostagent.core.probes import PROBES, switched_off
 from mcp_hostagent.core.processes import METRIC_IDENTITY
 from mcp_hostagent.telemetry.otel import instance_id
 
@@ -229,8 +229,11 @@ def check_health_metrics(sink, child: Child, a: "AgentThread") -> None:
     expected.update({(n, s.state): 1 for n, s in sources.items()})
     assert probes == expected
     assert len(probes) == len(PROBES) + len(sources) == len(PROBES) + 4
+    off = switched_off(a.agent.cfg)  # group_fork: requests.group = cgroup
     for p in PROBES:
-        if getattr(p, "kind", "tracepoint") == "tracepoint" and tracepoint_exists(*p.tracepoint.split(":")):
+        if p.name in off:
+            assert (p.name, "disabled") in probes, f"{p.name} not disabled: {sorted(probes)}"
+        elif getattr(p, "kind", "tracepoint") == "tracepoint" and tracepoint_exists(*p.tracepoint.split(":")):
             assert (p.name, "attached") in probes, f"{p.name} not attached: {sorted(probes)}"
     lost = {attrs(p.attributes)["hostagent.where"]: value(p) for p in points(latest["hostagent.agent.events.lost"].metric)}
     # kernel: ring-buffer overruns, which other marking processes on a shared host can cause; user: ours
