@@ -123,12 +123,14 @@ class Http:
         now_ns = time.monotonic_ns()
         idle_ns = int(self.idle_expiry_s * 1e9)
         alive: dict[int, bool] = {}
-        for k, c in list(conns.items()):
+        live = set()  # the requests still in the kernel map: (tgid, conn_id, seq)
+        for k, c in list(conns.items()):  # one pass: each entry is two bpf() calls
             tgid = k.tgid
             if tgid not in alive:
                 alive[tgid] = os.path.exists(f"{self.proc_root}/{tgid}")
             open_req = c.state != R.C["MCP_HTTP_IDLE"]
             if alive[tgid] and not (open_req and now_ns - c.begin_ns >= idle_ns):
+                live.add((tgid, c.conn_id, c.seq))
                 continue
             try:
                 del conns[k]
@@ -139,7 +141,6 @@ class Http:
                 if fr is not None:
                     self.finish(fr)
         # BEGINs whose END was lost (ring full) and whose connection has moved on
-        live = {(k.tgid, c.conn_id, c.seq) for k, c in conns.items()}
         for key, o in list(self.joiner.open.items()):
             if key not in live and now_ns - o.rec.hdr.ts_ns >= idle_ns:
                 self.joiner.forget(key)

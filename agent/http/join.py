@@ -12,7 +12,7 @@ Every oddity is counted in `rejected` by reason, never raised.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..core.decode import Counters
 from ..requests import traceparent as tp
@@ -30,7 +30,6 @@ class _Open:
     rec: HttpBegin
     head: parse.RequestHead | None
     peak: int = 1  # most requests of its process in flight at once while it was
-    tids: set = field(default_factory=set)
 
 
 def request_id(conn_id: int, seq: int) -> int:
@@ -86,9 +85,6 @@ class HttpJoiner:
         self.forget(key)
         b = o.rec
         return self._finish(o, tgid, b.hdr.tid, conn_id, seq, b.hdr.comm, b.hdr.ts_ns, now_ns, reason, None)
-
-    def keys_of(self, tgid: int) -> list[tuple[int, int, int]]:
-        return sorted(self.by_tgid.get(tgid, ()))
 
     def forget(self, key) -> None:
         """Drop an open request without a span (its END was lost)."""
