@@ -10,15 +10,12 @@ no NVML call happens on the agent's thread.
 
 from __future__ import annotations
 
-import dataclasses
-
 import logging
 from collections import Counter, deque
 
 from ..core.capability import Evidence, SourceStatus
 from ..core.decode import TP_RAW, Route
 from ..core.tracefs import RecordError
-from ..reclaim.oom import OomKill
 from . import telemetry as T
 from .health_records import HealthDecoder
 from .nvml import NvmlSampler, normalize_bdf
@@ -86,8 +83,6 @@ class GpuHealth:
         if isinstance(ev, XidRecord):
             self.on_xid(self._xid_event(t_ns, ev))
             return []
-        if isinstance(ev, OomKill):  # who failed to allocate is in the BPF header, not the record
-            ev = dataclasses.replace(ev, trigger=rec.hdr.tid, ts_ns=t_ns)
         handler = self.record_handlers.get(type(ev))
         return handler(ev, t_ns) if handler is not None else []
 

@@ -101,13 +101,15 @@ class Reclaim:
             info = self.registry.cgroups.for_pid(pid) if self.registry is not None and pid else None
             if info is not None:
                 break
-        scope = "unknown"
+        scope, path = "unknown", "unknown"
         if info is not None:
             v2 = self.registry.cgroups.v2_dir(info.v2_path) if info.v2_path else None
             limited = oom.memcg_limited(oom.limit_files(v2, info.v1_paths.get("memory")), self._mem_total)
             scope = "unknown" if limited is None else "memcg" if limited else "host"
+            path = memory_path(info)
         kill = replace(kill, scope=scope, ts_ns=t_ns)
-        self.oom_kills.append((tgid, kill))
+        # the victim's memory cgroup, read now: by the time a neighbour's request ends the victim is gone
+        self.oom_kills.append((tgid, path, kill))
         self.oom_counts[scope] += 1
         return []
 
@@ -126,13 +128,13 @@ class Reclaim:
         """The kills during the request: its own process killed (the span says so), or a neighbour in
         its memory cgroup (memcg scope) or anywhere (host scope): an event each."""
         attrs, events = {}, []
-        for tgid, k in self.oom_kills:
+        for tgid, path, k in self.oom_kills:
             if not fr.begin_ns <= k.ts_ns <= fr.end_ns:
                 continue
             own = tgid == fr.tgid
             if own:
                 attrs["hostagent.oom.killed"] = True
-            elif k.scope == "memcg" and self._memory_cgroup(tgid) != self._memory_cgroup(fr.tgid):
+            elif k.scope == "memcg" and path != self._path_of(fr.tgid):
                 continue
             events.append(EventSpec("hostagent.oom_kill", k.ts_ns, {**k.attributes(), "hostagent.oom.own_process": own}))
         return Evidence(attrs, (), tuple(events))
@@ -148,12 +150,14 @@ class Reclaim:
         (read when first needed in a window; a process gone by then is not matched)."""
         if not in_reclaim(ep, t0, t1):
             return False
-        if ep.scope == "host":
-            return True
+        return ep.scope == "host" or self._path_of(tgid) == ep.scope
+
+    def _path_of(self, tgid: int) -> str:
+        """The process's memory cgroup, read once per window (self._paths, cleared at each close)."""
         path = self._paths.get(tgid)
         if path is None:
             path = self._paths[tgid] = self._memory_cgroup(tgid)
-        return path == ep.scope
+        return path
 
     def _link_victims(self, n: int, ep: Episode) -> None:
         """Links from the storm's span (open under ("storm", n)) to the finished requests it hit."""
@@ -292,11 +296,12 @@ class Reclaim:
         return {f"psi_{k}_avg10": v.get("avg10", 0.0) for k, v in psi.items()}
 
     def _memory_cgroup(self, tgid: int) -> str:
-        """The cgroup whose memory limit the task is charged to: v1's memory controller path where
-        the host mounts it (hybrid layout), else the v2 path."""
+        """A live process's memory cgroup (memory_path); "unknown" once it is gone."""
         info = self.registry.cgroups.for_pid(tgid)
-        if info is None:
-            return "unknown"
-        return info.v1_paths.get("memory") or info.v2_path or "unknown"
+        return "unknown" if info is None else memory_path(info)
 
 
+def memory_path(info) -> str:
+    """The cgroup whose memory limit a task is charged to: v1's memory controller path where the host
+    mounts it (hybrid layout), else the v2 path."""
+    return info.v1_paths.get("memory") or info.v2_path or "unknown"

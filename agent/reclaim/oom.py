@@ -48,7 +48,7 @@ class OomKill:
     file_rss_kb: int | None
     shmem_rss_kb: int | None
     oom_score_adj: int | None
-    trigger: int = 0  # tid whose allocation failed (the BPF header's; filled by the capability)
+    trigger: int = 0  # tid whose allocation failed: common_pid, which health_records rebuilds from the BPF header
     ts_ns: int = 0
     scope: str = "unknown"  # memcg | host | unknown (the capability decides: module docstring)
 
@@ -68,7 +68,7 @@ def decode_mark_victim(raw: bytes, fmt: TracepointFormat = MARK_VICTIM_FORMAT, c
 
     try:
         return OomKill(int(rec["pid"]), str(rec.get("comm", ""))[:64], num("anon_rss"), num("file_rss"),
-                       num("shmem_rss"), num("oom_score_adj"))
+                       num("shmem_rss"), num("oom_score_adj"), int(rec.get("common_pid", 0)))
     except (KeyError, ValueError, TypeError) as e:
         raise RecordError(f"{fmt.name}: field {e} missing or not a number") from None
 

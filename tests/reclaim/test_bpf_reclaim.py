@@ -196,7 +196,8 @@ def test_an_oom_kill_in_a_memcg_ends_its_request_and_says_so(make_agent, memcg):
         assert wait_for(lambda: sum(a.agent.reclaim.oom_counts.values()) > kills0, 10), "no oom:mark_victim record"
         vm1 = memstat.read_vmstat()
         assert sum(a.agent.reclaim.oom_counts.values()) - kills0 == vm1["oom_kill"] - vm0["oom_kill"] >= 1
-        (tgid, kill), = [(t, k) for t, k in a.agent.reclaim.oom_kills if t == child.pid]
+        (path, kill), = [(p, k) for t, p, k in a.agent.reclaim.oom_kills if t == child.pid]
+        assert path.endswith("/" + os.path.basename(cg_path))  # the victim's memory cgroup, read at the kill
         assert kill.scope == "memcg" and kill.comm.startswith("python") and kill.victim == child.pid
         if kill.anon_rss_kb is not None:  # kernels >= 6.8: the victim's memory, as the kernel counted it
             assert kill.anon_rss_kb + kill.shmem_rss_kb >= 48 << 10, kill  # `touch` maps shared memory: shmem

@@ -387,3 +387,28 @@ def test_a_long_storm_that_closes_last_is_kept_for_the_requests_it_overlapped():
     assert [c for c in rc.telemetry.calls if c[0] == "forget"] == [("forget", ("storm", 2))]  # the first short one
     links = rc.evidence(SimpleNamespace(begin_ns=9_000, end_ns=11_000, tgid=1)).links
     assert [ln.key for ln in links] == [("storm", 1)]
+
+
+def test_oom_events_reach_the_victim_and_its_memory_cgroup_neighbours_only():
+    """A memcg kill is an event on requests of processes in the victim's memory cgroup (its path kept
+    from the kill: the victim is gone by then), an attribute too on the victim's own; a host kill on
+    every overlapping request; none outside the kill's time."""
+    from types import SimpleNamespace
+
+    from mcp_hostagent.reclaim.oom import OomKill
+
+    rc = _reclaim()
+    rc._paths.update({7: "/cg/job", 8: "/cg/job", 9: "/cg/other"})
+    rc.oom_kills.append((7, "/cg/job", OomKill(7, "python", 1, 0, 0, 0, ts_ns=500, scope="memcg")))
+    rc.oom_kills.append((99, "/", OomKill(99, "hog", 1, 0, 0, 0, ts_ns=800, scope="host")))
+
+    def ev(tgid, t0, t1):
+        e = rc.oom_evidence(SimpleNamespace(tgid=tgid, begin_ns=t0, end_ns=t1))
+        return e.attributes, [(x.attributes["hostagent.oom.victim.pid"], x.attributes["hostagent.oom.own_process"])
+                              for x in e.events]
+
+    assert ev(7, 400, 600) == ({"hostagent.oom.killed": True}, [(7, True)])
+    assert ev(8, 400, 600) == ({}, [(7, False)])  # same memory cgroup
+    assert ev(9, 400, 600) == ({}, [])  # another cgroup: a memcg kill is not its business
+    assert ev(9, 700, 900) == ({}, [(99, False)])  # a host kill reaches everyone
+    assert ev(8, 100, 200) == ({}, [])

@@ -125,7 +125,8 @@ def exported():
         reclaim = SimpleNamespace(kswapd_attached=True, kswapd=SimpleNamespace(active_ns=lambda t0, t1, nid=None: 5 * ms),
                                   episodes=list(enumerate(storms)), _paths={fr.tgid: CGROUP})  # the request's memory cgroup
         reclaim._hit = functools.partial(Reclaim._hit, reclaim)
-        reclaim.oom_kills = [(fr.tgid, OomKill(fr.tgid, "vllm", 1 << 20, 0, 0, 0, ts_ns=150 * ms, scope="memcg"))]
+        reclaim._path_of = functools.partial(Reclaim._path_of, reclaim)
+        reclaim.oom_kills = [(fr.tgid, CGROUP, OomKill(fr.tgid, "vllm", 1 << 20, 0, 0, 0, ts_ns=150 * ms, scope="memcg"))]
         reclaim.oom_evidence = functools.partial(Reclaim.oom_evidence, reclaim)
         agg = GpuAggregate(index=0, uuid="GPU-8a1c", pci_bus_id=GPU_BDF, samples=4, util_gpu_mean_pct=35.0,
                            util_gpu_max_pct=90, util_mem_mean_pct=20.0, util_mem_max_pct=40,
