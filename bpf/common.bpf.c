@@ -10,6 +10,13 @@
  */
 #include "mcp_records.h"
 
+/* bpf_probe_read_user/_kernel, called through their helper ids under names of our own. bcc 0.26's
+ * rewriter checks every call site of those two names against /proc/kallsyms (to fall back to
+ * bpf_probe_read on kernels older than 5.5), loading all of kallsyms (~120k symbols) per site:
+ * ~0.1 s of compile per call, most of http.bpf.c's compile time. The ring buffers already need 5.8. */
+static long (*mcp_read_user)(void *dst, u32 size, const void *src) = (void *)BPF_FUNC_probe_read_user;
+static long (*mcp_read_kernel)(void *dst, u32 size, const void *src) = (void *)BPF_FUNC_probe_read_kernel;
+
 #ifndef MCP_MAX_OPEN_PER_PID
 #define MCP_MAX_OPEN_PER_PID 1024
 #endif

@@ -30,12 +30,12 @@ static __always_inline int tp_raw_capture(void *ctx, u32 kind)
 	fill_hdr(&e->h, MCP_EV_TP_RAW, sizeof(*e), pid_tgid, bpf_ktime_get_ns());
 	e->kind = kind;
 	e->len = MCP_TP_RAW_LEN;
-	if (bpf_probe_read_kernel(e->data, MCP_TP_RAW_LEN, ctx) != 0) {
+	if (mcp_read_kernel(e->data, MCP_TP_RAW_LEN, ctx) != 0) {
 		/* not expected (the buffer holds 8192 bytes); should it fault, a smaller read still
 		 * carries the fixed fields, and user space clamps the strings that run past it */
 		stat_inc(MCP_STAT_TP_READ_SHORT);
 		e->len = MCP_TP_RAW_MIN;
-		if (bpf_probe_read_kernel(e->data, MCP_TP_RAW_MIN, ctx) != 0) {
+		if (mcp_read_kernel(e->data, MCP_TP_RAW_MIN, ctx) != 0) {
 			stat_inc(MCP_STAT_TP_READ_FAIL);
 			events.ringbuf_discard(e, 0);
 			return 0;

@@ -168,7 +168,7 @@ static __always_inline void http_begin(struct mcp_http_conn_key *k, struct mcp_h
 	 * the register passed, and the compiler passed the unclamped copy of `len` otherwise */
 	u32 n = len < MCP_HTTP_HEAD_LEN - 1 ? len : MCP_HTTP_HEAD_LEN - 1;
 	asm volatile("" : "+r"(n));  /* keeps the clamp on the register the call gets */
-	if (bpf_probe_read_user(e->head, n & (MCP_HTTP_HEAD_LEN - 1), (void *)buf) != 0)
+	if (mcp_read_user(e->head, n & (MCP_HTTP_HEAD_LEN - 1), (void *)buf) != 0)
 		n = 0;
 	e->head_len = n;
 	http_snap(&e->thread, thread_stats.lookup(&tid));
@@ -208,7 +208,7 @@ static __always_inline int http_read_ret(long ret)
 	if (ret < MCP_HTTP_MIN_HEAD)
 		return 0;
 	u32 w = 0;
-	if (bpf_probe_read_user(&w, sizeof(w), (void *)a.buf) != 0 || !http_method(w))
+	if (mcp_read_user(&w, sizeof(w), (void *)a.buf) != 0 || !http_method(w))
 		return 0;
 	if (tgid_state.lookup(&k.tgid))
 		return 0;  /* a process that marks its requests has them from its markers: not twice */
@@ -242,7 +242,7 @@ static __always_inline void http_parse_head(struct mcp_http_conn *c, u64 ptr, u6
 		return;
 	u32 n = len < MCP_HTTP_SCAN - 1 ? len : MCP_HTTP_SCAN - 1;  /* masked below, as in http_begin */
 	asm volatile("" : "+r"(n));
-	if (n < 12 || bpf_probe_read_user(s->b, n & (MCP_HTTP_SCAN - 1), (void *)ptr) != 0)
+	if (n < 12 || mcp_read_user(s->b, n & (MCP_HTTP_SCAN - 1), (void *)ptr) != 0)
 		return;
 	u32 w;
 	__builtin_memcpy(&w, s->b, 4);
@@ -310,7 +310,7 @@ static __always_inline void http_parse_head(struct mcp_http_conn *c, u64 ptr, u6
 static __always_inline int http_last_chunk(u64 end_ptr)
 {
 	u64 t = 0;
-	if (bpf_probe_read_user(&t, 5, (void *)(end_ptr - 5)) != 0)
+	if (mcp_read_user(&t, 5, (void *)(end_ptr - 5)) != 0)
 		return 0;
 	return t == 0xa0d0a0d30ULL;
 }
@@ -336,8 +336,8 @@ static __always_inline int http_write_ret(long ret)
 	u64 iov = a.buf, iovcnt = a.count;
 	if (a.sys == MCP_HTTP_SYS_SENDMSG) {
 		/* struct user_msghdr: msg_iov at 16, msg_iovlen at 24 (64-bit) */
-		if (bpf_probe_read_user(&iov, 8, (void *)(a.buf + 16)) != 0 ||
-		    bpf_probe_read_user(&iovcnt, 8, (void *)(a.buf + 24)) != 0)
+		if (mcp_read_user(&iov, 8, (void *)(a.buf + 16)) != 0 ||
+		    mcp_read_user(&iovcnt, 8, (void *)(a.buf + 24)) != 0)
 			return 0;
 	}
 	if (a.sys == MCP_HTTP_SYS_WRITEV || a.sys == MCP_HTTP_SYS_SENDMSG) {
@@ -347,7 +347,7 @@ static __always_inline int http_write_ret(long ret)
 			if (i >= iovcnt || left == 0)
 				break;
 			struct mcp_iov v = {};
-			if (bpf_probe_read_user(&v, sizeof(v), (void *)(iov + i * sizeof(v))) != 0)
+			if (mcp_read_user(&v, sizeof(v), (void *)(iov + i * sizeof(v))) != 0)
 				break;
 			u64 took = v.len < left ? v.len : left;
 			if (i == 0) {

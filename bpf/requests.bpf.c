@@ -273,7 +273,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
 		return 0;
 
 	struct mcp_mark m = {};
-	if (bpf_probe_read_user(&m, sizeof(m), (void *)args->arg) != 0) {
+	if (mcp_read_user(&m, sizeof(m), (void *)args->arg) != 0) {
 		stat_inc(MCP_STAT_MARK_FAULT);
 		return 0;
 	}
