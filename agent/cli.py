@@ -151,12 +151,23 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
     if show_config:
         click.echo("\n".join(config_mod.describe(cfg)))
         return
-    from .core.agent import StartError
-    from .sdnotify import Notifier
-
     if os.geteuid() != 0:
         _fail("mcp-agent must run as root (BPF, tracefs); HINT: sudo mcp-agent run")
     progress = _Progress(cfg.status_enabled)
+    echo = lambda s: click.echo(s, err=True)
+    echo(f"mcp-agent {__version__} on {os.uname().nodename}, kernel {os.uname().release}")
+    from .core import loader
+
+    loader.compile_ahead_for(cfg, progress)  # LLVM in a thread while the pipeline below is imported
+    from .core.agent import StartError
+    from .sdnotify import Notifier
+
+    if cfg.nic_enabled:
+        try:  # the NIC watch imports it as it starts, after the load: here it overlaps the compile
+            import pyroute2  # noqa: F401
+        except ImportError:
+            pass  # the NIC watch reports it
+
     notifier = Notifier()  # systemd Type=notify: READY=1 once the probes are attached, WATCHDOG=1 per tick
     stop = threading.Event()  # wakes the loop: SIGINT/SIGTERM (stop) or SIGHUP (reload)
     want = {"stop": False, "reload": False}
@@ -173,10 +184,11 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_hup)
-    echo = lambda s: click.echo(s, err=True)
-    echo(f"mcp-agent {__version__} on {os.uname().nodename}, kernel {os.uname().release}")
     try:
-        agent, ctl = _start_agent(cfg, progress, echo, reloads)
+        try:
+            agent, ctl = _start_agent(cfg, progress, echo, reloads)
+        finally:
+            loader.drop_ahead()  # a start that failed before the load: fds 1 and 2 restored before printing
     except StartError as e:
         progress.clear()
         notifier.notify(f"STATUS=failed to start: {e}")

@@ -130,7 +130,10 @@ def steps(rec: dict, t_spawn: int, t_ready: int, t_term: int, t_stopping: int | 
     out["first tick"] = (first("first tick")[1] - first("first tick")[0]) / 1e9
     out["import bcc"] = dur("import bcc")
     out["bcc/LLVM compile"] = dur("bcc/LLVM compile") - out["import bcc"]
-    out["attach"] = dur("loader.load") - dur("bcc/LLVM compile")
+    # `run` begins the compile in a thread before loader.load (loader.compile_ahead), which then waits
+    # for it ("compile wait"); a compile inside load (none begun ahead) is load's own time
+    ahead = sp.get("bcc/LLVM compile") and sp.get("loader.load") and first("bcc/LLVM compile")[0] < first("loader.load")[0]
+    out["attach"] = dur("loader.load") - dur("compile wait") - (0 if ahead else dur("bcc/LLVM compile"))
     out["start total"] = (t_ready - t_spawn) / 1e9
     out["start other"] = out["start total"] - sum(out[n] for n, _ in START_STEPS)
     stop = {}

@@ -25,10 +25,8 @@ from ..gpuhealth.capability import GpuHealth
 from ..nic.capability import Nic
 from ..pcie.capability import Pcie
 from ..pcie.records import AerRecord, LinkEventRecord
-from ..reclaim import capability as reclaim_cap
 from ..reclaim.capability import Reclaim
 from ..reclaim.oom import OomKill
-from ..requests import capability as requests_cap
 from ..requests import owners
 from ..requests.capability import Requests
 from ..http.capability import Http
@@ -62,23 +60,16 @@ class StartReport:
     sources: list  # core.capability.SourceStatus: NVML, Xid, PCIe sysfs, netlink
 
 
-def bpf_settings(cfg: Config) -> dict[str, int]:
-    """The BPF programs' compile-time settings (-D), each capability's and the watch mode."""
-    return {"MCP_WATCH_ALL": cfg.process_watch == "all", **requests_cap.bpf_settings(cfg),
-            **reclaim_cap.bpf_settings(cfg)}
+bpf_settings = loader.bpf_settings  # a name of this module's: tests replace it here
 
 
 def prepare_kernel(cfg: Config) -> tuple[kernel.HeaderChoice, list[str]]:
     if os.geteuid() != 0:
         raise StartError("mcp-agent must run as root (BPF, tracefs); HINT: sudo mcp-agent ...")
     try:
-        mounted = kernel.ensure_tracefs()
-        hc = kernel.find_kernel_headers(cfg.kernel_headers, link_modules=cfg.kernel_link_modules_build)
+        return kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build)
     except kernel.KernelSetupError as e:
         raise StartError(str(e)) from e
-    if hc.bcc_kernel_source:
-        os.environ["BCC_KERNEL_SOURCE"] = hc.bcc_kernel_source
-    return hc, mounted
 
 
 def raise_nofile() -> None:

@@ -48,6 +48,15 @@ UNIT = ("common.bpf.c", "requests.bpf.c", "http.bpf.c", "reclaim.bpf.c", "cuda.b
 UNIT_NAME = "agent.bpf"
 
 
+def bpf_settings(cfg) -> dict[str, int]:
+    """The BPF programs' compile-time settings (-D), each capability's and the watch mode."""
+    from ..reclaim import capability as reclaim_cap
+    from ..requests import capability as requests_cap
+
+    return {"MCP_WATCH_ALL": cfg.process_watch == "all", **requests_cap.bpf_settings(cfg),
+            **reclaim_cap.bpf_settings(cfg)}
+
+
 def cflags_for(plan: ProbePlan, settings: dict[str, int]) -> list[str]:
     flags = [f"-I{bpf_source_dir()}"]
     flags += [f"-D{k}={int(v)}" for k, v in sorted(settings.items())]
@@ -149,6 +158,73 @@ def release_compiler_memory(maps_path: str = "/proc/self/maps") -> None:
         madvise(lo, hi - lo, MADV_PAGEOUT)
 
 
+class _Ahead:
+    """A compile begun before it is needed (compile_ahead), taken by the load() it was begun for."""
+
+    def __init__(self, key: tuple, progress):
+        self.key, self.result, self.error = key, None, None
+        self.thread = threading.Thread(target=self._run, args=(progress,), name="bpf-compile", daemon=True)
+
+    def _run(self, progress) -> None:
+        try:
+            self.result = _compile_quietly(self.key[0], list(self.key[1]), progress)
+        except LoadError as e:
+            self.error = e
+
+
+_ahead: _Ahead | None = None
+
+
+def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], None] | None = None) -> None:
+    """Begin compiling the unit in a thread; load() with the same plan and settings takes the result.
+    `run` calls this before importing the pipeline (the OTel SDK and exporters: 0.5-0.7 s of start-up
+    on the H200), so the two overlap: libbcc runs LLVM with the GIL released (a ctypes call).
+    libbcc 0.26 cannot compile two units at once (a SIGSEGV, seen): load() waits for this one."""
+    global _ahead
+    if _ahead is not None or not plan.enabled():
+        return
+    try:
+        _check_header_tree()
+    except LoadError:
+        return  # load() reports it
+    _ahead = _Ahead((unit_source(), tuple(cflags_for(plan, settings))), progress)
+    _ahead.thread.start()
+
+
+def compile_ahead_for(cfg, progress: Callable[[str], None] | None = None) -> None:
+    """`run`: the compile Agent.start will load, begun now (tracefs and headers as Agent.start finds
+    them; it repeats both and reports what fails)."""
+    from . import kernel, probes
+
+    try:
+        kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build)
+    except kernel.KernelSetupError:
+        return
+    compile_ahead(probes.plan(cfg.probes_disable, off=probes.switched_off(cfg)), bpf_settings(cfg), progress)
+
+
+def _take_ahead(key: tuple):
+    """The compile begun ahead for key (bpf, seconds), raising its LoadError; None if there is none
+    (one begun for another key is waited for and freed)."""
+    global _ahead
+    job, _ahead = _ahead, None
+    if job is None:
+        return None
+    job.thread.join()
+    if job.key != key:
+        if job.result:
+            job.result[0].cleanup()
+        return None
+    if job.error:
+        raise job.error
+    return job.result
+
+
+def drop_ahead() -> None:
+    """Wait for a compile begun ahead and not taken, and free it."""
+    _take_ahead(None)
+
+
 def load(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], None] | None = None,
          extra_cflags: tuple[str, ...] = ()) -> list[Loaded]:
     """Compile the unit once with every enabled probe, then attach the tracepoint probes one by one.
@@ -159,8 +235,12 @@ def load(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], No
     if not enabled:
         return []
     try:
-        _check_header_tree()
-        bpf, secs = _compile_quietly(unit_source(), cflags_for(plan, settings) + list(extra_cflags), progress)
+        key = (unit_source(), tuple(cflags_for(plan, settings) + list(extra_cflags)))
+        got = _take_ahead(key)
+        if got is None:
+            _check_header_tree()
+            got = _compile_quietly(key[0], list(key[1]), progress)
+        bpf, secs = got
     except LoadError as e:
         for spec in enabled:
             plan.mark(spec.name, MISSING, str(e), "check kernel headers (mcp-agent probes --dump shows the source and flags)")
