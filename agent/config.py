@@ -260,8 +260,9 @@ SETTINGS: tuple[Setting, ...] = (
       " global reclaim only: kswapd and direct)", min=0.001, max=1e6),
     S("reclaim.storm_close_windows", "int", 3,
       "Quiet windows in a row (all signals under half their threshold) that close a storm", min=1, max=3600),
-    S("cuda.overhead_budget", "float", 0.02,
-      "Most slowdown the libcuda launch uprobes may cost a traced process; above it they are duty-cycled",
+    S("cuda.overhead_budget", "float", 0.005,
+      "Most slowdown the libcuda launch uprobes may cost a traced process; above it they are duty-cycled"
+      " (the default leaves room for the per-hit calibration's error: docs/PERFORMANCE.md)",
       min=0.0001, max=1.0),
     S("cuda.device_globs", "list[str]", ("/dev/nvidia*",),
       "Device files whose ioctls are counted as NVIDIA driver ioctls (glob patterns)", min=1),

@@ -155,7 +155,7 @@ class Standin:
 
 
 def calibrate_standin(bpf, lib_path: str | None, symbol: str = "cuLaunchKernel", n: int = 2000,
-                      rounds: int = 7, name: str | None = None) -> Calibration:
+                      rounds: int = 11, name: str | None = None) -> Calibration:
     """Per-hit cost of our launch program on the agent's stand-in for symbol's first instruction in
     lib_path (read from the file, see Standin); without lib_path, on an endbr64 stand-in."""
     from bcc import BPF
@@ -192,10 +192,10 @@ def _interleaved(bpf, path: str, addr: int, fn_name: str, pid: int, timed, round
     return on, off
 
 
-def calibrate(bpf, target=None, n: int = 2000, rounds: int = 7, fn_name: str = "cu_launch") -> Calibration:
+def calibrate(bpf, target=None, n: int = 2000, rounds: int = 11, fn_name: str = "cu_launch") -> Calibration:
     """Per-hit cost of our launch program on this host: time n calls of a tiny function with it attached
     (this thread only; this process with uprobe_multi links, whose pid filter is per process) and without,
-    interleaved; the median difference. The calling process is watched meanwhile, so the program takes its
+    interleaved; the median of the rounds' differences. The calling process is watched meanwhile, so the program takes its
     full path; its traces are removed afterwards.
 
     target: (library path, address, callable taking one int) or None for libc's labs()."""
@@ -222,5 +222,7 @@ def calibrate(bpf, target=None, n: int = 2000, rounds: int = 7, fn_name: str = "
         if not had_stats:
             procs.pop(ctypes.c_uint32(me), None)
         threads.pop(ctypes.c_uint32(tid), None)
-    return Calibration(max(0.0, statistics.median(on) - statistics.median(off)), statistics.median(off),
+    # each round's own difference: its two timings are milliseconds apart, while these VMs' speed moves
+    # by 30-40% over seconds (H200: starts calibrated 330-1,070 ns from the difference of medians)
+    return Calibration(max(0.0, statistics.median(a - b for a, b in zip(on, off))), statistics.median(off),
                        f"{os.path.basename(path)}@0x{addr:x}", rounds)

@@ -67,13 +67,13 @@ MAX_REFUSED_ROWS = 32  # refused files in `mcp-agent probes` and symbol_rows(): 
 class CudaProbes:
     """Attach, follow and govern the CUDA probes of one compiled unit (bcc BPF object).
 
-        cp = CudaProbes(bpf, plan, budget=0.02, auto_watch=cfg.process_watch == "gpu")
+        cp = CudaProbes(bpf, plan, budget=0.005, auto_watch=cfg.process_watch == "gpu")
         cp.start()            # attaches, calibrates, starts its thread
         cp.governor_status(); cp.symbol_rows(); cp.ioctl_rows(); cp.hist_rows()
         cp.stop()             # before bpf.cleanup()
     """
 
-    def __init__(self, bpf, plan: ProbePlan, budget: float = 0.02, auto_watch: bool = True,
+    def __init__(self, bpf, plan: ProbePlan, budget: float = 0.005, auto_watch: bool = True,
                  device_globs=("/dev/nvidia*",), slice_s: float = 0.2, control_s: float = 1.0,
                  rescan_s: float = 10.0, fd_scan_s: float = 1.0, max_call_s: float = 3600.0,
                  governor: bool = True, proc_root: str = "/proc", keep_exited_s: float = 30.0,
