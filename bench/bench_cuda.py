@@ -7,7 +7,7 @@ Measured side by side, interleaved by rounds (the order rotates each round), in 
     process watched, unmarked thread: the full path) / ours inside a marked request. Target: ours
     <= 1.1x the floor, per call including the trap;
   - a launch-bound loop (WORK ns of spinning per launch, a PyTorch-op-like cadence) with the governor
-    at its default 2% budget vs no probe: the slowdown (target: within budget), the duty cycle it chose,
+    at a 2% budget (the default is 0.5%; 2% keeps the duty cycle measurable here) vs no probe: the slowdown (target: within budget), the duty cycle it chose,
     and its scaled launch count against the loop's own.
 The agent's unit is compiled with only the cuda.bpf.c probes; agent/cuda/capability.py attaches them as the agent
 does. The governor's windows hold a few duty cycles each (weight x 0.1 s); its scaled count is low by
