@@ -197,36 +197,35 @@ static __always_inline int http_read_ret(long ret)
 	struct mcp_http_conn_key k = {.tgid = pid_tgid >> 32, .fd = a.fd};
 	struct mcp_http_conn *c = http_conn.lookup(&k);
 	u64 now = bpf_ktime_get_ns();
-	if (ret == 0) {  /* the peer closed its side */
-		if (c) {
-			if (c->state != MCP_HTTP_IDLE)
-				http_end(&k, c, now, MCP_HTTP_END_CLOSE);
-			http_conn.delete(&k);
-		}
-		return 0;
-	}
-	if (ret < MCP_HTTP_MIN_HEAD)
-		return 0;
 	u32 w = 0;
-	if (mcp_read_user(&w, sizeof(w), (void *)a.buf) != 0 || !http_method(w))
-		return 0;
-	if (tgid_state.lookup(&k.tgid))
-		return 0;  /* a process that marks its requests has them from its markers: not twice */
-	if (!http_rate_ok(k.tgid, now)) {
-		stat_inc(MCP_STAT_HTTP_RATE);
-		return 0;
-	}
-	if (!c) {
-		struct mcp_http_conn fresh = {.conn_id = now};
-		if (http_conn.insert(&k, &fresh) != 0) {
-			stat_inc(MCP_STAT_HTTP_CONN_FULL);
+	if (ret != 0) {  /* 0: the peer closed its side */
+		if (ret < MCP_HTTP_MIN_HEAD)
+			return 0;
+		if (mcp_read_user(&w, sizeof(w), (void *)a.buf) != 0 || !http_method(w))
+			return 0;
+		if (tgid_state.lookup(&k.tgid))
+			return 0;  /* a process that marks its requests has them from its markers: not twice */
+		if (!http_rate_ok(k.tgid, now)) {
+			stat_inc(MCP_STAT_HTTP_RATE);
 			return 0;
 		}
-		c = http_conn.lookup(&k);
-		if (!c)
-			return 0;
-	} else if (c->state != MCP_HTTP_IDLE) {
-		http_end(&k, c, now, MCP_HTTP_END_NEXT);
+		if (!c) {
+			struct mcp_http_conn fresh = {.conn_id = now};
+			if (http_conn.insert(&k, &fresh) != 0) {
+				stat_inc(MCP_STAT_HTTP_CONN_FULL);
+				return 0;
+			}
+			c = http_conn.lookup(&k);
+		}
+	}
+	if (!c)
+		return 0;
+	/* one call site: each http_end inlined is ~150 instructions to compile and verify */
+	if (c->state != MCP_HTTP_IDLE)
+		http_end(&k, c, now, ret == 0 ? MCP_HTTP_END_CLOSE : MCP_HTTP_END_NEXT);
+	if (ret == 0) {
+		http_conn.delete(&k);
+		return 0;
 	}
 	http_begin(&k, c, now, a.buf, (u32)ret, w);
 	return 0;
@@ -369,9 +368,8 @@ static __always_inline int http_write_ret(long ret)
 		c->state = MCP_HTTP_RESPONSE;
 	}
 	c->written += (u64)ret;
-	if (c->mode == MCP_HTTP_MODE_LENGTH && c->written >= c->expect)
-		http_end(&k, c, bpf_ktime_get_ns(), MCP_HTTP_END_COMPLETE);
-	else if (c->mode == MCP_HTTP_MODE_CHUNKED && s->end && http_last_chunk(s->end))
+	if ((c->mode == MCP_HTTP_MODE_LENGTH && c->written >= c->expect) ||
+	    (c->mode == MCP_HTTP_MODE_CHUNKED && s->end && http_last_chunk(s->end)))
 		http_end(&k, c, bpf_ktime_get_ns(), MCP_HTTP_END_COMPLETE);
 	return 0;
 }
