@@ -7,6 +7,7 @@ in packaging/config.example.toml. A bad setting exits 2 with one line and attach
 from __future__ import annotations
 
 import logging
+import importlib
 import os
 import signal
 import sys
@@ -164,7 +165,7 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
 
     if cfg.nic_enabled:
         try:  # the NIC watch imports it as it starts, after the load: here it overlaps the compile
-            import pyroute2  # noqa: F401
+            importlib.import_module("pyroute2")
         except ImportError:
             pass  # the NIC watch reports it
 

@@ -98,6 +98,8 @@ class CudaProbes:
         self.paused = False
         self.calibration: Calibration | None = None
         self._calibrate_on: Library | None = None  # the first library followed, until calibrated on it
+        self.costs: list[float] = []  # the last calibrations' per-hit costs, ns
+        self._next_calibration = float("inf")
         self._starting = False
         self.rates: dict[int, dict[str, float]] = {}
         self.unsteered = 0  # processes with launch rates that may not steer the weights (last window)
@@ -233,6 +235,8 @@ class CudaProbes:
                 t0 = time.monotonic()
                 self.scan_pid(pid)
                 self._exec_spent += time.monotonic() - t0
+            if self.calibration is not None and now >= self._next_calibration and self.libs and self.governor:
+                self._calibrate(next(iter(self.libs.values())))
             if self._calibrate_on is not None and not self._starting:
                 # ~0.3-0.5 s of timing on the H200: not in start-up (all probes attached first). The
                 # governor weighs nothing before it (_control); launch probes count exactly meanwhile.
@@ -462,17 +466,23 @@ class CudaProbes:
                            "this driver lacks these symbols (symbol_rows() lists them)" if state == MISSING else "")
 
     def _calibrate(self, lib_: Library) -> None:
-        """The per-hit cost on this host, measured on the agent's stand-in for the first library's
-        cuLaunchKernel before its launch probes are attached (calibrate_standin); else on libc's labs()
-        in this process; else a conservative default (the trap floor of docs/machines.md)."""
+        """The per-hit cost on this host, measured on the agent's stand-in for a followed library's
+        cuLaunchKernel (calibrate_standin); else on libc's labs() in this process; else a conservative
+        default (the trap floor of docs/machines.md). Repeated every gov.RECALIBRATE_S; the governor
+        weighs by the highest of the last few (gov.charged_cost)."""
+        self._next_calibration = time.monotonic() + gov.RECALIBRATE_S
         for t in (lambda: calibrate_standin(self.bpf, lib_.path, name=os.path.basename(lib_.shown)),
                   lambda: calibrate(self.bpf)):
             try:
-                self.calibration = t()
-                return
+                c = t()
             except Exception as e:
                 self.errors.append(f"calibrate: {type(e).__name__}: {e}")
-        self.calibration = Calibration(12_000.0, 0.0, "default (calibration failed)", 0)
+                continue
+            self.costs = (self.costs + [c.cost_ns])[-gov.CALIBRATIONS_KEPT:]
+            self.calibration = replace(c, cost_ns=gov.charged_cost(self.costs))
+            return
+        if self.calibration is None:
+            self.calibration = Calibration(12_000.0, 0.0, "default (calibration failed)", 0)
 
     # ---- NVIDIA fds ----
     def _device_id(self, path: str) -> int:

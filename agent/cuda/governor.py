@@ -127,3 +127,15 @@ def turn(st: SymState, k: int, w: int, slice_s: float, now: float,
         else:
             nxt = min(nxt, t + (owed - st.credit) * k)
     return nxt
+
+
+CALIBRATIONS_KEPT = 5
+RECALIBRATE_S = 60.0  # ~50 ms of the finder thread per calibration: under 0.1% of a core
+
+
+def charged_cost(costs: list[float], kept: int = CALIBRATIONS_KEPT) -> float:
+    """The per-hit cost the weights are chosen by: the highest of the last `kept` calibrations. A trap's
+    cost moves with the host's state between calibrations (the H200's starts: 330-1,070 ns; 20 runs
+    here: 12.8-20.0 us, each run's rounds alike), and a low one would let the probes cost a multiple
+    of the budget; a high one costs coverage, not time."""
+    return max(costs[-kept:])

@@ -515,3 +515,27 @@ def test_out_of_memory_allocations_are_counted_from_their_return_value(gpu, buil
     (span,) = gpu.ra.wait_spans(1, **{"process.pid": d.pid, "hostagent.request.id": f"{901:016x}"})
     assert span.attributes["hostagent.cuda.alloc.out_of_memory"] == 3
     assert span.attributes["hostagent.cuda.alloc.count"] == 3
+
+
+def test_governor_recalibrates_and_weighs_by_the_highest_recent_cost(gpu, build, drivers):
+    """The per-hit calibration runs in the finder thread once a library is followed (not in start-up)
+    and again every RECALIBRATE_S; the cost the weights use is the highest of the last few, each a
+    real timing of our launch program on the stand-in (trap included: microseconds in this VM)."""
+    from mcp_hostagent.cuda import governor as gov
+
+    d = drivers()
+    wait_attached(gpu, build.lib, d.pid)
+    deadline = time.monotonic() + 10
+    while not gpu.cp.costs and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(gpu.cp.costs) == 1, gpu.cp.errors
+    for want in (2, 3):
+        gpu.cp._next_calibration = 0.0  # due now, instead of in RECALIBRATE_S
+        gpu.cp._wake.set()
+        deadline = time.monotonic() + 10
+        while len(gpu.cp.costs) < want and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(gpu.cp.costs) == want, gpu.cp.errors
+    assert all(100 < c < 1e6 for c in gpu.cp.costs), gpu.cp.costs
+    assert gpu.cp.calibration.cost_ns == max(gpu.cp.costs) == gov.charged_cost(gpu.cp.costs)
+    assert gpu.cp._next_calibration > time.monotonic() + gov.RECALIBRATE_S / 2

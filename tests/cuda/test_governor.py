@@ -274,3 +274,13 @@ def test_slow_detach_lengthens_the_next_off_time_not_the_count():
     nxt2 = gov.turn(st, k, k, slice_s, nxt, fake.attach, fake.detach)
     assert fake.calls[-1] == ("attach", 2.0)
     assert (st.credit, st.last_t, st.on_since, nxt2) == (0.125, 2.0, 2.0, 2.25)
+
+
+def test_charged_cost_is_the_highest_of_the_last_calibrations():
+    """A calibration that came out low must not lower the cost the weights are chosen by while a
+    recent one was higher (the H200's starts: 330-1,070 ns); the oldest leaves after CALIBRATIONS_KEPT."""
+    assert gov.charged_cost([700.0]) == 700.0
+    assert gov.charged_cost([1070.0, 330.0, 600.0]) == 1070.0
+    history = [2000.0] + [500.0] * gov.CALIBRATIONS_KEPT
+    assert gov.charged_cost(history) == 500.0  # the high one is older than the last CALIBRATIONS_KEPT
+    assert gov.charged_cost(history[:-1]) == 2000.0
