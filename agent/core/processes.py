@@ -32,6 +32,7 @@ class Processes:
         self._exited: dict[int, tuple[float, dict, Counters]] = {}
         self._attrs_cache: dict[int, tuple[float, dict, float]] = {}  # pid -> (checked, attrs, same since)
         self._faults: dict[int, tuple[int, int]] = {}
+        self._io: dict[int, tuple[int, int]] = {}
         self._lock = threading.Lock()  # rows and faults, read by the metric reader thread
         self.on_gone = None  # callable(set of pids): their metric state can go
 
@@ -87,29 +88,36 @@ class Processes:
                 del self._exited[pid]
             elif pid not in rows:
                 rows[pid] = (attrs, c)
-        self.set_rows(rows, self._proc_faults(rows))
+        self.set_rows(rows, *self._proc_accounting(rows))
 
-    def set_rows(self, rows: dict[int, tuple[dict, Counters]], faults: dict[int, tuple[int, int]]) -> None:
+    def set_rows(self, rows: dict[int, tuple[dict, Counters]], faults: dict[int, tuple[int, int]],
+                 io: dict[int, tuple[int, int]] | None = None) -> None:
         """rows: pid -> (identity attributes, cumulative counters since the agent saw the process);
-        faults: pid -> (minflt, majflt) since the process started, from /proc/PID/stat."""
+        faults: pid -> (minflt, majflt) since the process started, from /proc/PID/stat; io: pid ->
+        (read_bytes, write_bytes) from /proc/PID/io."""
         with self._lock:
             dropped = self.rows.keys() - rows.keys()
-            self.rows, self._faults = rows, faults
+            self.rows, self._faults, self._io = rows, faults, io or {}
         if dropped and self.on_gone is not None:
             self.on_gone(dropped)
 
-    def _proc_faults(self, rows: dict) -> dict[int, tuple[int, int]]:
+    def _proc_accounting(self, rows: dict) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
         """pid -> (minflt, majflt) from /proc/PID/stat: the kernel's own split of major and minor
-        faults, which exceptions:page_fault_user does not give (no kprobes here)."""
-        out = {}
+        faults, which exceptions:page_fault_user does not give (no kprobes here); pid -> (read_bytes,
+        write_bytes) from /proc/PID/io: what the process made the storage layer read and write, page
+        cache misses and readahead included, cache hits not (a model loading from disk, not from cache)."""
+        faults, io = {}, {}
         for pid in rows:
             try:
                 with open(f"{self.proc_root}/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                out[pid] = (int(fields[7]), int(fields[9]))
-            except (OSError, IndexError, ValueError):  # exited since the map read
+                faults[pid] = (int(fields[7]), int(fields[9]))
+                with open(f"{self.proc_root}/{pid}/io") as f:
+                    kv = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+                io[pid] = (int(kv["read_bytes"]), int(kv["write_bytes"]))
+            except (OSError, IndexError, ValueError, KeyError):  # exited since the map read; io without task I/O accounting
                 continue
-        return out
+        return faults, io
 
     # ---- metrics (read at collection time: rows are replaced whole, never mutated) ----
     def _per_process(self, pick):
@@ -118,6 +126,12 @@ class Processes:
                 rows = list(self.rows.values())
             return [(v, {**metric_identity(a), **extra}) for a, c in rows for v, extra in pick(c)]
         return read
+
+    def _io_rows(self):
+        with self._lock:
+            rows = [(self.rows[p][0], b) for p, b in self._io.items() if p in self.rows]
+        return [(v, {**metric_identity(a), "disk.io.direction": d})
+                for a, (rd, wr) in rows for v, d in ((rd, "read"), (wr, "write"))]
 
     def _faults_rows(self):
         with self._lock:
@@ -143,6 +157,9 @@ class Processes:
                                     (c.wakeup_wait_ns / 1e9, {"hostagent.runqueue.wait": "wakeup"})])),
             Instrument("process.paging.faults", "counter", "{fault}",
                        "faults by type since the process started (/proc/PID/stat)", self._faults_rows),
+            Instrument("process.disk.io", "counter", "By",
+                       "bytes the process made the storage layer read and write since it started (/proc/PID/io): "
+                       "a model loading from disk, where page cache hits count nothing", self._io_rows),
             Instrument("hostagent.process.reclaim.stall.time", "counter", "s",
                        "time the process's threads stalled in reclaim",
                        p(lambda c: [(c.direct_reclaim_ns / 1e9, {"hostagent.reclaim.kind": "direct"}),

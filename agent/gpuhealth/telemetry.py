@@ -4,6 +4,7 @@ its GPUs (samples aggregated over it, Xid/PCIe/NIC events in it)."""
 from __future__ import annotations
 
 from ..core.capability import Evidence
+from ..pcie.sysfs import link_capacity_bytes_s
 from ..telemetry.spec import EventSpec, Instrument
 
 
@@ -59,6 +60,16 @@ def instruments(gpu) -> list[Instrument]:
             (s.pcie_width, {"hostagent.pcie.field": "width"}), (s.pcie_width_max, {"hostagent.pcie.field": "width_max"})])),
         Instrument("hostagent.gpu.pcie.replays", "counter", "{replay}", "PCIe replays the GPU counted (NVML)",
                    per_gpu(lambda s: [(s.pcie_replay_count, {})])),
+        # a model loading is host-to-device traffic: receive against capacity says whether the link or
+        # the host side (storage, page cache, pageable copies) sets its pace
+        Instrument("hostagent.gpu.pcie.throughput", "gauge", "By/s",
+                   "PCIe bytes/s over NVML's last 20 ms sample (every gpu.slow_period_s): receive = host to GPU, "
+                   "transmit = GPU to host", per_gpu(lambda s: [
+                       (_scaled(s.pcie_rx_kbytes_s, 1024), {"network.io.direction": "receive"}),
+                       (_scaled(s.pcie_tx_kbytes_s, 1024), {"network.io.direction": "transmit"})])),
+        Instrument("hostagent.gpu.pcie.capacity", "gauge", "By/s",
+                   "bytes/s the GPU's link carries each way at its current generation and width (NVML's view)",
+                   per_gpu(lambda s: [(link_capacity_bytes_s(s.pcie_gen, s.pcie_width), {})])),
         Instrument("hostagent.gpu.process.memory.usage", "gauge", "By", "device memory used by each process", per_gpu(lambda s: [
             (p.used_memory_bytes, {"process.pid": p.pid}) for p in (s.processes or ())])),
         Instrument("hostagent.gpu.xid.errors", "counter", "{error}",

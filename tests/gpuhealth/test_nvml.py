@@ -121,6 +121,37 @@ def test_pcie_throughput_on_its_own_cadence():
     assert rec["gpus"][0]["calls"]["nvmlDeviceGetPcieThroughput/TX"]["dur_ns"] > 15e6
 
 
+def test_pcie_throughput_and_capacity_metrics_from_the_h200_recording():
+    """Host-to-GPU traffic (a model loading) against what the link carries: NVML's throughput counters
+    (KB/s, 1,024 bytes) as By/s, and the capacity of the recorded Gen5 x16 link: 63.0 GB/s each way."""
+    from types import SimpleNamespace
+
+    from mcp_hostagent.gpuhealth import telemetry as GT
+
+    fake = ReplayNvml()
+    fake.next_sample = [25]
+    s = NvmlSampler(fake, slow_period_s=10).sample_once()[0]
+    rec = STREAM["samples"][25]
+    gpu = SimpleNamespace(sampler=SimpleNamespace(snapshot=lambda: {0: s}), xid=SimpleNamespace(counts={}))
+    got = {i.name: i.read() for i in GT.instruments(gpu)}
+    by_dir = {a["network.io.direction"]: v for v, a in got["hostagent.gpu.pcie.throughput"]}
+    assert by_dir == {"receive": raw(rec, "nvmlDeviceGetPcieThroughput/RX") * 1024,
+                      "transmit": raw(rec, "nvmlDeviceGetPcieThroughput/TX") * 1024}
+    (cap, _), = got["hostagent.gpu.pcie.capacity"]
+    assert (raw(rec, "nvmlDeviceGetCurrPcieLinkGeneration"), raw(rec, "nvmlDeviceGetCurrPcieLinkWidth")) == (5, 16)
+    assert cap == pytest.approx(63.0e9, rel=0.001)
+    assert by_dir["receive"] < cap
+
+
+def test_link_capacity_per_generation():
+    from mcp_hostagent.pcie.sysfs import link_capacity_bytes_s as cap
+
+    assert cap(1, 1) == 250e6 and cap(2, 4) == 2e9  # 8b/10b
+    assert cap(3, 16) == pytest.approx(15.75e9, rel=0.001) and cap(4, 16) == pytest.approx(31.5e9, rel=0.001)
+    assert cap(6, 16) == pytest.approx(121e9, rel=0.001)  # FLIT mode: 242 of 256 bytes
+    assert cap(None, 16) is None and cap(5, None) is None and cap(5, 0) is None and cap(9, 16) is None
+
+
 # --- throttle reasons -----------------------------------------------------------------------------------
 
 SMI_REASON_NAMES = {
@@ -470,6 +501,8 @@ def test_gpu_metrics_follow_the_hw_conventions_in_base_units():
                                                   (8, {**g0, "hostagent.pcie.field": "width"}),
                                                   (16, {**g0, "hostagent.pcie.field": "width_max"})]),
         "hostagent.gpu.pcie.replays": ("counter", "{replay}", [(3, g0)]),
+        "hostagent.gpu.pcie.throughput": ("gauge", "By/s", []),  # not sampled yet (its slow cadence)
+        "hostagent.gpu.pcie.capacity": ("gauge", "By/s", [(32e9 * 128 / 130 / 8 * 8, g0)]),  # Gen5 x8
         "hostagent.gpu.process.memory.usage": ("gauge", "By", [(1 << 30, {**g0, "process.pid": 476})]),
         "hostagent.gpu.xid.errors": ("counter", "{error}", [(2, {"hostagent.gpu.xid.code": 31})]),
     }

@@ -48,7 +48,7 @@ def test_names_follow_the_conventions():
         assert inst.name.split(".")[0] in {"hostagent", "process", "system", "hw"}, inst.name
         # units only in the unit field: no _ns/_ms/_bytes/_pct/_mhz/_mw/_s/_c suffix in a name
         assert not re.search(r"_(ns|ms|s|bytes|pct|mhz|mw|c|ratio)$", inst.name), inst.name
-        assert inst.unit in {"", "1", "s", "By", "Hz", "W", "Cel"} or re.fullmatch(r"\{[a-z_]+\}", inst.unit), \
+        assert inst.unit in {"", "1", "s", "By", "By/s", "Hz", "W", "Cel"} or re.fullmatch(r"\{[a-z_]+\}", inst.unit), \
             (inst.name, inst.unit)
         assert inst.description, f"{inst.name} has no description"
 
@@ -58,4 +58,5 @@ def test_prometheus_names_are_unique_and_carry_one_unit_suffix():
     assert len(names) == len(set(names))
     assert "hostagent_reclaim_stall_time_seconds_total" in names
     assert "hw_gpu_memory_usage_bytes" in names
+    assert "hostagent_gpu_pcie_throughput_bytes_per_second" in names and "process_disk_io_bytes_total" in names
     assert not [n for n in names if "_seconds_seconds" in n or "_ns_" in n or "nanoseconds" in n]

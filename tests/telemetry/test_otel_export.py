@@ -331,6 +331,7 @@ def test_per_process_metrics_carry_no_command_line_only_bounded_identity(tmp_pat
                                                        (5_000 / 1e9, {**bounded, "hostagent.runqueue.wait": "wakeup"})]),
         "process.paging.faults": ("{fault}", [(100, {**bounded, "process.paging.fault_type": "minor"}),
                                               (2, {**bounded, "process.paging.fault_type": "major"})]),
+        "process.disk.io": ("By", []),  # no /proc/PID/io row given
         "hostagent.process.reclaim.stall.time": ("s", [(400 / 1e9, {**bounded, "hostagent.reclaim.kind": "direct"}),
                                                        (0.0, {**bounded, "hostagent.reclaim.kind": "memcg"})]),
         "hostagent.process.reclaim.stalls": ("{stall}", [(1, {**bounded, "hostagent.reclaim.kind": "direct"}),
