@@ -160,14 +160,18 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
     from .core import loader
 
     loader.compile_ahead_for(cfg, progress)  # LLVM in a thread while the pipeline below is imported
-    from .core.agent import StartError
-    from .sdnotify import Notifier
+    try:
+        from .core.agent import StartError
+        from .sdnotify import Notifier
 
-    if cfg.nic_enabled:
-        try:  # the NIC watch imports it as it starts, after the load: here it overlaps the compile
-            importlib.import_module("pyroute2")
-        except ImportError:
-            pass  # the NIC watch reports it
+        if cfg.nic_enabled:
+            try:  # the NIC watch imports it as it starts, after the load: here it overlaps the compile
+                importlib.import_module("pyroute2")
+            except ImportError:
+                pass  # the NIC watch reports it
+    except BaseException:  # Ctrl-C, a broken install: fds 1 and 2 restored before the traceback
+        loader.drop_ahead()
+        raise
 
     notifier = Notifier()  # systemd Type=notify: READY=1 once the probes are attached, WATCHDOG=1 per tick
     stop = threading.Event()  # wakes the loop: SIGINT/SIGTERM (stop) or SIGHUP (reload)

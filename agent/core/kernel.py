@@ -114,13 +114,14 @@ def _mounted(path: str, proc_mounts: str = "/proc/mounts") -> bool:
         return any(line.split()[1] == path for line in f if len(line.split()) > 2)
 
 
-_MOUNTED: list[str] = []  # what this process mounted (a start after the compile began ahead logs it too)
+_UNREPORTED: list[str] = []  # mounts not yet in a start-up log (the compile begun ahead mounts first)
 
 
-def ensure_tracefs() -> list[str]:
+def ensure_tracefs(report: bool = True) -> list[str]:
     """Mount tracefs (and debugfs, where bcc also looks for tracepoint formats) if needed.
-    Returns what this process mounted, for the start-up log."""
-    done = _MOUNTED
+    Returns what this process mounted and no earlier call reported, for the start-up log (report=False:
+    keep it for the next call)."""
+    done = _UNREPORTED
     for fstype, path in (("tracefs", TRACEFS), ("debugfs", DEBUGFS)):
         if _mounted(path) or (fstype == "debugfs" and _mounted(TRACEFS) and not os.path.isdir(path)):
             continue
@@ -130,17 +131,21 @@ def ensure_tracefs() -> list[str]:
                 raise KernelSetupError(f"mount tracefs at {path}: {r.stderr.strip()}; HINT: run as root")
             continue
         done.append(f"mounted {fstype} at {path}")
-    return list(done)
+    if not report:
+        return []
+    out = list(done)
+    done.clear()
+    return out
 
 
 def tracepoint_exists(category: str, event: str) -> bool:
     return os.path.exists(os.path.join(TRACEFS, "events", category, event, "format"))
 
 
-def prepare(headers: str | None, link_modules: bool) -> tuple[HeaderChoice, list[str]]:
+def prepare(headers: str | None, link_modules: bool, report: bool = True) -> tuple[HeaderChoice, list[str]]:
     """tracefs mounted and the header tree found, for bcc (BCC_KERNEL_SOURCE set in this process's
     environment where the tree is not bcc's default). KernelSetupError if either cannot be had."""
-    mounted = ensure_tracefs()
+    mounted = ensure_tracefs(report)
     hc = find_kernel_headers(headers, link_modules=link_modules)
     if hc.bcc_kernel_source:
         os.environ["BCC_KERNEL_SOURCE"] = hc.bcc_kernel_source

@@ -170,6 +170,8 @@ class _Ahead:
             self.result = _compile_quietly(self.key[0], list(self.key[1]), progress)
         except LoadError as e:
             self.error = e
+        except Exception:  # noqa: BLE001 - bcc not importable, say: load() compiles again and reports it
+            pass
 
 
 _ahead: _Ahead | None = None
@@ -197,7 +199,7 @@ def compile_ahead_for(cfg, progress: Callable[[str], None] | None = None) -> Non
     from . import kernel, probes
 
     try:
-        kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build)
+        kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)  # Agent.start logs
     except kernel.KernelSetupError:
         return
     compile_ahead(probes.plan(cfg.probes_disable, off=probes.switched_off(cfg)), bpf_settings(cfg), progress)

@@ -97,7 +97,6 @@ class CudaProbes:
         self.weights = {f: 1 for f in LAUNCH_FIELDS}
         self.paused = False
         self.calibration: Calibration | None = None
-        self._calibrate_on: Library | None = None  # the first library followed, until calibrated on it
         self.costs: list[float] = []  # the last calibrations' per-hit costs, ns
         self._next_calibration = float("inf")
         self._starting = False
@@ -235,14 +234,12 @@ class CudaProbes:
                 t0 = time.monotonic()
                 self.scan_pid(pid)
                 self._exec_spent += time.monotonic() - t0
-            if self.calibration is not None and now >= self._next_calibration and self.libs and self.governor:
+            # ~0.5 s on the H200, mostly attach/detach waits: not in start-up (all probes attached first);
+            # the governor weighs nothing before the first (_control), so launch probes count exactly
+            if ((self.calibration is None or now >= self._next_calibration) and self.libs and self.governor
+                    and self.attach_uprobes and DUTY_PROBE in self.enabled and not self._starting
+                    and not self.paused):
                 self._calibrate(next(iter(self.libs.values())))
-            if self._calibrate_on is not None and not self._starting:
-                # ~0.3-0.5 s of timing on the H200: not in start-up (all probes attached first). The
-                # governor weighs nothing before it (_control); launch probes count exactly meanwhile.
-                lib_, self._calibrate_on = self._calibrate_on, None
-                if lib_.key in self.libs:  # else the next library followed sets it again
-                    self._calibrate(lib_)
             if now >= self._next["rescan"]:
                 if self.rescan():
                     self._sweep_exited(now)
@@ -416,8 +413,6 @@ class CudaProbes:
         except OSError:  # gone meanwhile: the next scan tries again
             return None
         lib_ = Library(key, f"/proc/self/fd/{fd}", shown, start=m.start, fd=fd)
-        if self.calibration is None and self.governor and DUTY_PROBE in self.enabled and self.attach_uprobes:
-            self._calibrate_on = self._calibrate_on or lib_  # after start-up (service_finder)
         by_addr: dict[int, str] = {}
         now = time.monotonic()
         for sym in SYMBOLS:
@@ -480,9 +475,13 @@ class CudaProbes:
                 continue
             self.costs = (self.costs + [c.cost_ns])[-gov.CALIBRATIONS_KEPT:]
             self.calibration = replace(c, cost_ns=gov.charged_cost(self.costs))
-            return
-        if self.calibration is None:
-            self.calibration = Calibration(12_000.0, 0.0, "default (calibration failed)", 0)
+            break
+        else:
+            if self.calibration is None:
+                self.calibration = Calibration(12_000.0, 0.0, "default (calibration failed)", 0)
+        # the calibration's own hits (rounds x calls, at the weight) are in the host-wide launch count:
+        # the next control window starts after them, or they would read as an unwatched process's rate
+        self._ctl_prev = None
 
     # ---- NVIDIA fds ----
     def _device_id(self, path: str) -> int:

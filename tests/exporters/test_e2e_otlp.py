@@ -201,10 +201,11 @@ def check_health_metrics(sink, child: Child, a: "AgentThread") -> None:
     # metrics stay on the agent's resource, not a process's
     mine = child_points()
     assert {m.metric.name for m, _ in mine} >= {"hostagent.process.user_faults", "process.context_switches",
-                                                "hostagent.process.offcpu.time", "process.paging.faults"}
+                                                "hostagent.process.offcpu.time", "process.paging.faults",
+                                                "process.disk.io"}
     for m, pa in mine:
         assert set(pa) - {"process.context_switch.type", "process.paging.fault_type", "hostagent.reclaim.kind",
-                          "hostagent.runqueue.wait"} \
+                          "hostagent.runqueue.wait", "disk.io.direction"} \
             <= set(METRIC_IDENTITY), (m.metric.name, pa)
         assert "process.command_line" not in pa and "process.pid" not in m.resource
     assert {m.metric.unit for m, _ in mine if m.metric.name == "hostagent.process.offcpu.time"} == {"s"}
