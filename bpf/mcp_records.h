@@ -68,6 +68,10 @@ struct mcp_counters {
 	                          * at wake-up; with offcpu_runnable_ns, all of it (schedstat's run delay) */
 	__u64 wakeups;           /* wake-ups measured in wakeup_wait_ns */
 	__u64 cu_alloc_oom;      /* cuMemAlloc_v2/cuMemAllocAsync(_ptsz) returning CUDA_ERROR_OUT_OF_MEMORY */
+	/* requests.bpf.c, appended: NUMA locality of the time on a CPU (switched in -> out) */
+	__u64 oncpu_ns;
+	__u64 oncpu_homed_ns;    /* the part while the process had a home node (map numa_home: its GPUs' node) */
+	__u64 oncpu_remote_ns;   /* the part of that on a CPU of another node (bpf_get_numa_node_id()) */
 };
 
 /* per-thread state of an open request (map req_by_tid) */

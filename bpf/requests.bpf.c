@@ -319,6 +319,28 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
 #endif /* MCP_PROBE_PAGE_FAULTS */
 
 #if MCP_PROBE_SCHED_SWITCH
+struct mcp_slice {
+	u64 ns, homed, remote;
+};
+
+/* The on-CPU slice that prev ends now, split by NUMA locality. At sched_switch the CPU is still
+ * the one prev ran on, and a task does not migrate while running: one node for the whole slice.
+ * Slices that began before the thread was traced (no switch-in time) are not counted. */
+static __always_inline void slice_end(u32 tid, u32 tgid, u64 now, struct mcp_slice *sl)
+{
+	u64 *on = oncpu_start.lookup(&tid);
+	if (!on || !*on || *on > now)
+		return;
+	sl->ns = now - *on;
+	*on = 0;
+	u32 *home = numa_home.lookup(&tgid);
+	if (home) {
+		sl->homed = sl->ns;
+		if (bpf_get_numa_node_id() != *home)
+			sl->remote = sl->ns;
+	}
+}
+
 TRACEPOINT_PROBE(sched, sched_switch)
 {
 	u64 now = bpf_ktime_get_ns();
@@ -331,11 +353,21 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	if (prev != 0) {
 		struct mcp_req_state *st = req_by_tid.lookup(&prev);
 		int w = watched(prev_tgid);
+		/* both as 0/1 registers: clang would otherwise test st || w as the OR of a map pointer,
+		 * which the verifier refuses (pointer arithmetic before the null check) */
+		int traced = st != 0;
+		asm volatile("" : "+r"(w), "+r"(traced));
+		struct mcp_slice sl = {};
+		if (traced || w)
+			slice_end(prev, prev_tgid, now, &sl);
 		if (st) {
 			if (voluntary)
 				st->c.vcsw++;
 			else
 				st->c.ivcsw++;
+			st->c.oncpu_ns += sl.ns;
+			st->c.oncpu_homed_ns += sl.homed;
+			st->c.oncpu_remote_ns += sl.remote;
 		}
 		if (w) {
 			struct mcp_counters *c = proc_counters(prev_tgid);
@@ -344,6 +376,11 @@ TRACEPOINT_PROBE(sched, sched_switch)
 					__sync_fetch_and_add(&c->vcsw, 1);
 				else
 					__sync_fetch_and_add(&c->ivcsw, 1);
+				if (sl.ns) {
+					__sync_fetch_and_add(&c->oncpu_ns, sl.ns);
+					__sync_fetch_and_add(&c->oncpu_homed_ns, sl.homed);
+					__sync_fetch_and_add(&c->oncpu_remote_ns, sl.remote);
+				}
 			}
 			c = thread_counters(prev);
 			if (c) {
@@ -351,6 +388,9 @@ TRACEPOINT_PROBE(sched, sched_switch)
 					c->vcsw++;
 				else
 					c->ivcsw++;
+				c->oncpu_ns += sl.ns;
+				c->oncpu_homed_ns += sl.homed;
+				c->oncpu_remote_ns += sl.remote;
 			}
 		}
 		u64 g = serving_group();  /* current is still prev: its cgroup */
@@ -409,6 +449,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
 				st->c.wakeup_wait_ns += w;
 				st->c.wakeups += woke;
 			}
+			if (thread || st)
+				oncpu_start.update(&next, &now);
 			struct mcp_counters *c = proc_stats.lookup(&tgid);
 			if (c) {
 				__sync_fetch_and_add(&c->offcpu_ns, d);
@@ -473,6 +515,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 		close_request(tid, tgid);
 	}
 	offcpu_start.delete(&tid);
+	oncpu_start.delete(&tid);
 	thread_stats.delete(&tid);
 	if (tid != tgid)
 		return 0;
@@ -494,6 +537,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	watch_tgid.delete(&tgid);
 	unwatch_bit(tgid);
 	tree_root.delete(&tgid);
+	numa_home.delete(&tgid);
 	if (ts) {
 		/* Threads exit in no fixed order (the leader often first, at exit() or a signal): the
 		 * requests still open in the others are given back with the process, here, since their

@@ -1,6 +1,6 @@
 """The core: load the BPF programs, route each ring-buffer record by its type to the capabilities
 that own it, and schedule their periodic work. The capabilities (requests, reclaim, cuda,
-gpuhealth, pcie, nic) do the rest; this file only wires them (what one needs of another is handed
+gpuhealth, pcie, nic, numa) do the rest; this file only wires them (what one needs of another is handed
 to it here) and docs/ARCHITECTURE.md has one line per capability.
 
 One thread (the caller's) polls the ring buffers and, once a tick, reads the maps and runs each
@@ -23,6 +23,7 @@ from ..config import Config, ConfigError
 from ..cuda.capability import Cuda
 from ..gpuhealth.capability import GpuHealth
 from ..nic.capability import Nic
+from ..numa.capability import Numa
 from ..pcie.capability import Pcie
 from ..pcie.records import AerRecord, LinkEventRecord
 from ..reclaim.capability import Reclaim
@@ -110,6 +111,7 @@ class Agent:
         self.pcie.episode_listeners.append(self.snapshots.on_link_episode)
         self.gpu.record_handlers.update({AerRecord: self.pcie.on_aer, LinkEventRecord: self.pcie.on_link_event})
         self.nic = Nic(enabled=cfg.nic_enabled, sysfs_root=sysfs_root)
+        self.numa = Numa(gpu_processes=self.gpu.gpu_processes, sysfs_root=sysfs_root)
         self.cuda_cap = Cuda(processes=self.processes, health=self.health)
         self.routes: dict[int, Route] = self.gpu.routes()
         # made once the programs are loaded
@@ -173,14 +175,15 @@ class Agent:
         self.requests = Requests(self.bpf, idle_expiry_s=cfg.requests_idle_expiry_s, health=self.health,
                                  processes=self.processes, telemetry=tel,
                                  evidence=(self.reclaim.evidence, self.gpu.evidence, self.pcie.evidence,
-                                           self.nic.evidence, self.cuda_cap.evidence),
+                                           self.nic.evidence, self.numa.evidence, self.cuda_cap.evidence),
                                  listeners=(self.snapshots.on_request, self.reclaim.on_request))
         self.http = Http(self.bpf, finish=self.requests.finish, idle_expiry_s=cfg.requests_idle_expiry_s,
                          rejected=self.health.rejected, proc_root=self.proc_root, tree=cfg.requests_group == "tree")
         self.cuda_cap.root_of = self.http.root_of  # a tree group's GPU steps (requests.group = tree)
         self.routes = self._route_table()
         sources = [*self.gpu.start(bpf_xid=self.health.probes.get("gpu_xid") == probes.ATTACHED),
-                   *self.pcie.start(enabled=cfg.gpu_enabled), *self.nic.start()]
+                   *self.pcie.start(enabled=cfg.gpu_enabled), *self.nic.start(),
+                   *self.numa.start(self.bpf, switch_attached=self.health.probes.get("sched_switch") == probes.ATTACHED)]
         for src in sources:
             self.health.probes[src.name] = src.state
             self.health.source_reasons[src.name] = src.reason
@@ -295,6 +298,7 @@ class Agent:
         self._step("http", self.http.tick)
         self._step("read_maps", self._read_maps)
         self._step("gpu", self._gpu_tick)
+        self._step("numa", self.numa.tick)
         self._step("reclaim_window", self.reclaim.tick)
         self._step("snapshot", lambda: self.snapshots.on_tick(self.tick_state()))
 

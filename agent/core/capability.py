@@ -1,4 +1,5 @@
-"""What a capability plugs into the core with (requests, reclaim, cuda, gpuhealth, pcie, nic; docs/ARCHITECTURE.md).
+"""What a capability plugs into the core with (requests, reclaim, cuda, gpuhealth, pcie, nic, numa;
+docs/ARCHITECTURE.md).
 
 A capability is an object with any of these; the core calls only what it has:
 

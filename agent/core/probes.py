@@ -71,7 +71,7 @@ PROBES: tuple[ProbeSpec, ...] = (
               "user page faults per request and per process",
               "x86 kernels have it; other architectures lack exceptions:* tracepoints"),
     ProbeSpec("sched_switch", "sched:sched_switch", "requests.bpf.c",
-              "context switches and off-CPU time per request and per process",
+              "context switches, off- and on-CPU time (by NUMA node) per request and per process",
               "needs tracepoints (CONFIG_TRACEPOINTS)"),
     ProbeSpec("sched_wakeup", "sched:sched_wakeup", "requests.bpf.c",
               "run-queue latency: wake-up to running, per request, process and serving group",

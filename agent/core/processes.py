@@ -155,6 +155,10 @@ class Processes:
                        " on a CPU (schedstat's run delay, for the threads the agent follows)",
                        p(lambda c: [(c.offcpu_runnable_ns / 1e9, {"hostagent.runqueue.wait": "preempted"}),
                                     (c.wakeup_wait_ns / 1e9, {"hostagent.runqueue.wait": "wakeup"})])),
+            Instrument("hostagent.process.numa.cpu.time", "counter", "s",
+                       "time the process's traced threads ran on a CPU, by NUMA locality to its GPUs' node "
+                       "(local, remote; unknown while it had no home node: no GPU, or GPUs on several nodes)",
+                       p(numa_rows)),
             Instrument("process.paging.faults", "counter", "{fault}",
                        "faults by type since the process started (/proc/PID/stat)", self._faults_rows),
             Instrument("process.disk.io", "counter", "By",
@@ -179,6 +183,17 @@ class Processes:
                        "device allocations that failed with CUDA_ERROR_OUT_OF_MEMORY",
                        p(lambda c: [(c.cu_alloc_oom, {})])),
         ]
+
+
+def numa_rows(c) -> list:
+    """local and remote once the process had a home node (then a 0 is measured), unknown for the rest."""
+    rows = []
+    if c.oncpu_homed_ns:
+        rows += [((c.oncpu_homed_ns - c.oncpu_remote_ns) / 1e9, {"hostagent.numa.locality": "local"}),
+                 (c.oncpu_remote_ns / 1e9, {"hostagent.numa.locality": "remote"})]
+    if c.oncpu_ns > c.oncpu_homed_ns:
+        rows.append(((c.oncpu_ns - c.oncpu_homed_ns) / 1e9, {"hostagent.numa.locality": "unknown"}))
+    return rows
 
 
 # Metric labels name the process, boundedly: the command line, owner, start time and cgroup path

@@ -104,6 +104,14 @@ class GpuHealth:
         if self.sources.get("nvml_xid", SourceStatus("", "")).state == "attached":
             self.xids.extend(self.xid.drain())
 
+    def gpu_processes(self) -> dict[int, set[str]]:
+        """pid -> PCI addresses of the GPUs it has compute contexts on, for every process NVML lists."""
+        out: dict[int, set[str]] = {}
+        for s in self.sampler.snapshot().values():
+            for p in s.processes:
+                out.setdefault(p.pid, set()).add(s.pci_bus_id)
+        return out
+
     def gpus_of(self, pid: int) -> dict[int, str]:
         """GPU index -> PCI address of the GPUs the process has contexts on (NVML's process lists)."""
         snap = self.sampler.snapshot()

@@ -45,7 +45,10 @@ COUNTER_ATTRS = {
     "wakeup_wait_ns": "hostagent.offcpu.wakeup_wait.time",
     "wakeups": "hostagent.offcpu.wakeups",
     "cu_alloc_oom": "hostagent.cuda.alloc.out_of_memory",
+    "oncpu_ns": "hostagent.oncpu.time",
 }
+NUMA_REMOTE_TIME = "hostagent.numa.remote.time"
+NUMA_REMOTE_RATIO = "hostagent.numa.remote.ratio"
 ALWAYS_SHOWN = {"faults", "vcsw", "ivcsw", "offcpu_ns"}
 TIME_FIELDS = frozenset(f for f in COUNTER_ATTRS if f.endswith("_ns"))
 
@@ -53,8 +56,14 @@ INSTRUMENTS = (Instrument(DURATION, "histogram", "s", "marked request duration (
 
 
 def counter_attributes(counters, always: set[str] = frozenset()) -> dict:
-    return {name: getattr(counters, f) / 1e9 if f in TIME_FIELDS else getattr(counters, f)
-            for f, name in COUNTER_ATTRS.items() if getattr(counters, f) or f in always}
+    attrs = {name: getattr(counters, f) / 1e9 if f in TIME_FIELDS else getattr(counters, f)
+             for f, name in COUNTER_ATTRS.items() if getattr(counters, f) or f in always}
+    # Remote time only where the process had a home node for some of the window: 0 then is a
+    # measured 0; without a home there is nothing to be remote from, and the attributes are absent.
+    if counters.oncpu_homed_ns:
+        attrs[NUMA_REMOTE_TIME] = counters.oncpu_remote_ns / 1e9
+        attrs[NUMA_REMOTE_RATIO] = round(counters.oncpu_remote_ns / counters.oncpu_homed_ns, 4)
+    return attrs
 
 
 def request_attributes(fr: FinishedRequest) -> dict:

@@ -33,6 +33,7 @@ from typing import Any, Mapping
 from ..core.identity import sanitize_text
 from ..cuda.steps import FINDING_SHARES
 from ..nic.netlink import NIC_FLAP_WINDOW_S, NIC_FLAPPING
+from ..numa import capability as numa
 from ..pcie.episodes import LINK_BUSY_UTIL_PCT, link_degraded
 from ..reclaim import memstat
 
@@ -333,14 +334,6 @@ def parse_meminfo(text: str) -> dict[str, int]:
     return out
 
 
-def numa_nodes(sys_root: str = "/sys") -> set[int]:
-    try:
-        names = os.listdir(f"{sys_root}/devices/system/node")
-    except OSError:
-        return set()
-    return {int(n[4:]) for n in names if n.startswith("node") and n[4:].isdigit()}
-
-
 def short_command(command_line: str) -> str:
     """`/usr/bin/python3 -m vllm ...` -> `python3 -m vllm ...`: the path of argv[0] says least."""
     m = re.match(r"'([^']*)'(?=\s|$)", command_line)
@@ -416,7 +409,7 @@ class SnapshotBuilder:
         self._nic_last = None  # the newest netlink.LinkEvent taken from Nic.nic_events
         self._nic_down: dict[str, int] = {}  # interface -> wall ns its carrier went away
         self._nic_flaps: dict[str, deque] = {}  # interface -> monotonic ns of carrier comebacks
-        self._nodes = numa_nodes(sys_root)
+        self._nodes = numa.nodes(sys_root)
         self._seq = 0
         self._latest = Snapshot(source=source, t_wall_ns=wall(), host=HostView(hostname=socket.gethostname(),
                                                                                kernel=os.uname().release))

@@ -202,10 +202,10 @@ def check_health_metrics(sink, child: Child, a: "AgentThread") -> None:
     mine = child_points()
     assert {m.metric.name for m, _ in mine} >= {"hostagent.process.user_faults", "process.context_switches",
                                                 "hostagent.process.offcpu.time", "process.paging.faults",
-                                                "process.disk.io"}
+                                                "process.disk.io", "hostagent.process.numa.cpu.time"}
     for m, pa in mine:
         assert set(pa) - {"process.context_switch.type", "process.paging.fault_type", "hostagent.reclaim.kind",
-                          "hostagent.runqueue.wait", "disk.io.direction"} \
+                          "hostagent.runqueue.wait", "disk.io.direction", "hostagent.numa.locality"} \
             <= set(METRIC_IDENTITY), (m.metric.name, pa)
         assert "process.command_line" not in pa and "process.pid" not in m.resource
     assert {m.metric.unit for m, _ in mine if m.metric.name == "hostagent.process.offcpu.time"} == {"s"}
@@ -226,10 +226,10 @@ def check_health_metrics(sink, child: Child, a: "AgentThread") -> None:
     # one point per probe and per non-BPF source (NVML, PCIe sysfs, netlink) with the state the agent
     # decided; every tracepoint this kernel has attached
     expected = {(n, st.state): 1 for n, st in a.agent.plan.statuses.items()}
-    sources = {**a.agent.gpu.sources, **a.agent.pcie.sources, **a.agent.nic.sources}
+    sources = {**a.agent.gpu.sources, **a.agent.pcie.sources, **a.agent.nic.sources, **a.agent.numa.sources}
     expected.update({(n, s.state): 1 for n, s in sources.items()})
     assert probes == expected
-    assert len(probes) == len(PROBES) + len(sources) == len(PROBES) + 4
+    assert len(probes) == len(PROBES) + len(sources) == len(PROBES) + 5
     off = switched_off(a.agent.cfg)  # group_fork: requests.group = cgroup
     for p in PROBES:
         if p.name in off:

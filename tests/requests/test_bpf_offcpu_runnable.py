@@ -102,7 +102,10 @@ def test_run_queue_wait_after_wakeups_completes_the_kernels_run_delay(agent, chi
             h.kill()
             h.wait()
     wake, n, runnable = c1.wakeup_wait_ns - w0, c1.wakeups - n0, c1.offcpu_runnable_ns - r0
-    assert n >= 100, n  # a wake-up per sleep (and the command's own)
+    # A wake-up per sleep, but for the few sleeps preempted between arming their timer and switching
+    # out (behind two busy loops, at nice 19): still queued, their timer's wake-up (ttwu_runnable) finds
+    # them runnable and off the CPU as preempted, and that wait is in offcpu_runnable_ns instead.
+    assert n >= 90, n
     ours, kernel = wake + runnable, rd1 - rd0
     assert wake >= 100 * MS, (wake, n, kernel)  # ~1-10 ms a wake-up behind two busy loops
     assert 0.9 * kernel <= ours <= 1.1 * kernel, (wake, runnable, kernel)

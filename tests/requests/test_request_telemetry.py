@@ -53,10 +53,14 @@ DOC_NAMES = {
     "wakeup_wait_ns": "hostagent.offcpu.wakeup_wait.time",
     "wakeups": "hostagent.offcpu.wakeups",
     "cu_alloc_oom": "hostagent.cuda.alloc.out_of_memory",
+    "oncpu_ns": "hostagent.oncpu.time",
 }
+# shown through their quotient, and only with a home node (a 0 then is measured): alone, each gives
+NUMA_FIELDS = {"oncpu_homed_ns": {"hostagent.numa.remote.time": 0.0, "hostagent.numa.remote.ratio": 0.0},
+               "oncpu_remote_ns": {}}
 # the fields the kernel counts in ns, exported in seconds (names end in .time, never in a unit)
 DOC_TIME_FIELDS = {"offcpu_ns", "direct_reclaim_ns", "memcg_reclaim_ns", "cu_ctx_ns", "cu_sync_ns", "cu_alloc_ns",
-                   "cu_free_ns", "nv_ioctl_ns", "offcpu_runnable_ns", "wakeup_wait_ns"}
+                   "cu_free_ns", "nv_ioctl_ns", "offcpu_runnable_ns", "wakeup_wait_ns", "oncpu_ns"}
 FOUR = {"hostagent.faults.user": 0, "hostagent.context_switches.voluntary": 0,
         "hostagent.context_switches.involuntary": 0, "hostagent.offcpu.time": 0.0}
 
@@ -91,7 +95,7 @@ BASE = {"process.pid": 10, "thread.id": 11,
 
 def test_counter_attributes_cover_every_counter_field_by_its_documented_name():
     assert T.COUNTER_ATTRS == DOC_NAMES
-    assert set(T.COUNTER_ATTRS) == set(COUNTER_FIELDS)
+    assert set(T.COUNTER_ATTRS) | set(NUMA_FIELDS) == set(COUNTER_FIELDS)
     assert T.ALWAYS_SHOWN == {"faults", "vcsw", "ivcsw", "offcpu_ns"}
     assert T.TIME_FIELDS == DOC_TIME_FIELDS
     assert all(DOC_NAMES[f].endswith(".time") for f in DOC_TIME_FIELDS)
@@ -126,7 +130,10 @@ def test_request_attributes_each_counter_alone(field):
     counters = {k: v for k, v in got.items() if k.startswith("hostagent.") and k not in
                 ("hostagent.request.id", "hostagent.request.end_reason", "hostagent.request.traceparent", "hostagent.cgroup.id",
                  "hostagent.request.source")}
-    assert counters == {**FOUR, DOC_NAMES[field]: s_(7) if field in DOC_TIME_FIELDS else 7}
+    if field in NUMA_FIELDS:
+        assert counters == {**FOUR, **NUMA_FIELDS[field]}
+    else:
+        assert counters == {**FOUR, DOC_NAMES[field]: s_(7) if field in DOC_TIME_FIELDS else 7}
     assert set(got) - set(counters) == set(BASE)
 
 

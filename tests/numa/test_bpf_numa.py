@@ -1,0 +1,143 @@
+"""Real BPF: on-CPU time by NUMA locality (bpf/requests.bpf.c slice_end). The kernel's own figure
+for time on a CPU is sum_exec_runtime, the first field of /proc/PID/task/TID/schedstat; ours is the
+same slices, switched in -> switched out, so they agree to the slice open at a reading. This
+machine has one node, so "remote" is made by giving the process a home node its CPUs are not on."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+import pytest
+
+from test_bpf_requests import TP, Child, child  # noqa: F401  (child: the fixture)
+
+pytestmark = pytest.mark.bpf
+MS = 1_000_000
+GPU = "0000:00:06.0"  # the H200's address; the process list is what NVML would give the capability
+
+
+def exec_ns(pid: int) -> int:
+    """ns on a CPU, all threads (CONFIG_SCHED_INFO)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(open(f"/proc/{pid}/task/{tid}/schedstat").read().split()[0])
+        except (OSError, IndexError):
+            pytest.skip("no /proc/PID/task/TID/schedstat (CONFIG_SCHED_INFO)")
+    return total
+
+
+def proc(agent, pid: int) -> tuple[int, int, int]:
+    c = agent.agent.bpf[b"proc_stats"][ctypes.c_uint32(pid)]
+    return c.oncpu_ns, c.oncpu_homed_ns, c.oncpu_remote_ns
+
+
+def home_of(agent, pid: int) -> int | None:
+    v = agent.agent.bpf[b"numa_home"].get(ctypes.c_uint32(pid))
+    return None if v is None else v.value
+
+
+def wait_home(agent, pid: int, want) -> None:
+    deadline = time.monotonic() + 5
+    while home_of(agent, pid) != want:
+        assert time.monotonic() < deadline, (home_of(agent, pid), want)
+        time.sleep(0.05)
+
+
+def settle(child) -> None:
+    """The child blocked on its next command: its last slice closed (sleep 1 ms, twice)."""
+    child.do("sleep 2 1")
+
+
+@pytest.fixture
+def gpu_child(agent, child, monkeypatch):
+    """The child, watched (it marked a request) and listed as a process of the GPU at GPU."""
+    child.do("begin 501", "end 501")
+    agent.wait_spans(1, **{"process.pid": child.pid})
+    numa = agent.agent.numa
+    monkeypatch.setattr(numa, "gpu_processes", lambda: {child.pid: {GPU}})
+    yield child
+    monkeypatch.undo()
+    agent.agent.numa.tick()  # unlisted again: its home goes
+
+
+def measure(agent, child, cmd: str) -> tuple[tuple[int, int, int], int]:
+    settle(child)
+    c0, e0 = proc(agent, child.pid), exec_ns(child.pid)
+    child.do(cmd)
+    settle(child)
+    c1, e1 = proc(agent, child.pid), exec_ns(child.pid)
+    return tuple(b - a for a, b in zip(c0, c1)), e1 - e0
+
+
+def close_to(ours: int, kernel: int) -> bool:
+    # settle's own short slices are in both; what differs is at most the slice open at a reading
+    return abs(ours - kernel) <= 0.05 * kernel + 3 * MS
+
+
+def test_local_home_all_time_local_and_equal_to_schedstat(agent, gpu_child):
+    numa = agent.agent.numa  # its own node_of: this machine's sysfs, one node
+    wait_home(agent, gpu_child.pid, min(numa.nodes))
+    (on, homed, remote), kernel = measure(agent, gpu_child, "spin 300")
+    assert on >= 250 * MS, (on, kernel)
+    assert close_to(on, kernel), (on, kernel)
+    assert homed == on and remote == 0, (on, homed, remote)
+
+
+def test_a_home_on_another_node_makes_all_time_remote(agent, gpu_child, monkeypatch):
+    """Node 1 where this machine has only node 0: every slice ran off the home node."""
+    numa = agent.agent.numa
+    elsewhere = max(numa.nodes) + 1
+    monkeypatch.setattr(numa, "node_of", lambda bdf: elsewhere)
+    wait_home(agent, gpu_child.pid, elsewhere)
+    (on, homed, remote), kernel = measure(agent, gpu_child, "spin 300")
+    assert close_to(on, kernel), (on, kernel)
+    assert homed == on and remote == on, (on, homed, remote)
+    # and a request's span says so, with the home it was measured against
+    gpu_child.do(f"begin 502 {TP}", "spin 200", "sleep 5 1", "spin 100", "end 502")
+    (span,) = agent.wait_spans(1, **{"process.pid": gpu_child.pid, "hostagent.request.id": f"{502:016x}"})
+    a = span.attributes
+    assert a["hostagent.numa.home_node"] == elsewhere
+    assert a["hostagent.numa.remote.ratio"] == 1.0
+    assert 0.28 <= a["hostagent.oncpu.time"] <= 0.4, a["hostagent.oncpu.time"]
+    assert a["hostagent.numa.remote.time"] == a["hostagent.oncpu.time"]
+
+
+def test_without_a_home_time_is_counted_and_locality_left_unknown(agent, child):
+    """Not an NVML GPU process: on-CPU time still counted; no remote figure, never a false 0."""
+    child.do("begin 503", "end 503")
+    agent.wait_spans(1, **{"process.pid": child.pid})
+    assert home_of(agent, child.pid) is None
+    (on, homed, remote), kernel = measure(agent, child, "spin 200")
+    assert close_to(on, kernel), (on, kernel)
+    assert homed == 0 and remote == 0
+    child.do(f"begin 504 {TP}", "spin 100", "end 504")
+    (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{504:016x}"})
+    assert span.attributes["hostagent.oncpu.time"] >= 0.09
+    assert not [k for k in span.attributes if k.startswith("hostagent.numa.")], dict(span.attributes)
+    agent.agent._read_maps()
+    from mcp_hostagent.core.processes import numa_rows
+    _, c = agent.agent.processes.rows[child.pid]
+    assert [a["hostagent.numa.locality"] for _, a in numa_rows(c)] == ["unknown"]
+
+
+def test_homes_follow_nvmls_list_and_the_process_exit(agent, monkeypatch):
+    """Unlisted -> the agent deletes the home; exited -> the kernel does (sched_process_exit), for a
+    home written straight into the map, which no tick of the agent's writes again."""
+    a, b = Child(), Child()
+    try:
+        a.do("begin 505", "end 505")
+        numa = agent.agent.numa
+        listed = {a.pid: {GPU}}
+        monkeypatch.setattr(numa, "gpu_processes", lambda: dict(listed))
+        wait_home(agent, a.pid, min(numa.nodes))
+        listed.clear()
+        wait_home(agent, a.pid, None)
+        agent.agent.bpf[b"numa_home"][ctypes.c_uint32(b.pid)] = ctypes.c_uint32(0)
+        b.close()
+        assert home_of(agent, b.pid) is None
+    finally:
+        a.close()
+        b.close()
