@@ -8,6 +8,61 @@
  * begin/end and process exit, which are rare by comparison. Maps and helpers: common.bpf.c.
  */
 
+struct mcp_slice {
+	u64 ns, homed, remote;
+};
+
+/* The on-CPU slice that prev ends now, split by NUMA locality. At sched_switch the CPU is still
+ * the one prev ran on, and a task does not migrate while running: one node for the whole slice.
+ * Slices that began before the thread was traced (no switch-in time) are not counted. */
+static __always_inline void slice_end(u32 tid, u32 tgid, u64 now, struct mcp_slice *sl)
+{
+	u64 *on = oncpu_start.lookup(&tid);
+	if (!on || !*on || *on > now)
+		return;
+	sl->ns = now - *on;
+	*on = 0;
+	u32 *home = numa_home.lookup(&tgid);
+	if (home) {
+		sl->homed = sl->ns;
+		if (bpf_get_numa_node_id() != *home)
+			sl->remote = sl->ns;
+	}
+}
+
+/* A request's edge on a running thread: the slice so far goes to the counters (the request's too,
+ * when st), and the rest of it starts now. Without it a request that never switches out (a CUDA
+ * sync spins by default) would count no on-CPU time, and one that begins mid-slice the time before.
+ * Only a slice sched_switch started is split (a thread it has switched in while traced): with that
+ * probe off, nothing here counts wall time as CPU time. */
+static __always_inline void slice_split(u32 tid, u32 tgid, u64 now, struct mcp_req_state *st)
+{
+	struct mcp_slice sl = {};
+	slice_end(tid, tgid, now, &sl);
+	if (!sl.ns)
+		return;
+	if (st) {
+		st->c.oncpu_ns += sl.ns;
+		st->c.oncpu_homed_ns += sl.homed;
+		st->c.oncpu_remote_ns += sl.remote;
+	}
+	if (watched(tgid)) {
+		struct mcp_counters *c = proc_counters(tgid);
+		if (c) {
+			__sync_fetch_and_add(&c->oncpu_ns, sl.ns);
+			__sync_fetch_and_add(&c->oncpu_homed_ns, sl.homed);
+			__sync_fetch_and_add(&c->oncpu_remote_ns, sl.remote);
+		}
+		c = thread_counters(tid);
+		if (c) {
+			c->oncpu_ns += sl.ns;
+			c->oncpu_homed_ns += sl.homed;
+			c->oncpu_remote_ns += sl.remote;
+		}
+	}
+	oncpu_start.update(&tid, &now);
+}
+
 static __always_inline void emit_end(u64 pid_tgid, u64 now, struct mcp_req_state *st, u32 reason)
 {
 	struct mcp_ev_req_end *e = rb_reserve(1, sizeof(*e));
@@ -197,6 +252,7 @@ static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
 	}
 
 	struct mcp_req_state *old = req_by_tid.lookup(&tid);
+	slice_split(tid, tgid, now, old);
 	if (old) {
 		stat_inc(MCP_STAT_BEGIN_SUPERSEDED);
 		emit_end(pid_tgid, now, old, MCP_END_SUPERSEDED);
@@ -260,6 +316,7 @@ static __always_inline int mark_end(struct mcp_mark *m, u64 pid_tgid, u64 now)
 		stat_inc(MCP_STAT_END_MISMATCH);
 		reason = MCP_END_ID_MISMATCH;
 	}
+	slice_split(tid, tgid, now, st);
 	emit_end(pid_tgid, now, st, reason);
 	close_request(tid, tgid);
 	return 0;
@@ -319,28 +376,6 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
 #endif /* MCP_PROBE_PAGE_FAULTS */
 
 #if MCP_PROBE_SCHED_SWITCH
-struct mcp_slice {
-	u64 ns, homed, remote;
-};
-
-/* The on-CPU slice that prev ends now, split by NUMA locality. At sched_switch the CPU is still
- * the one prev ran on, and a task does not migrate while running: one node for the whole slice.
- * Slices that began before the thread was traced (no switch-in time) are not counted. */
-static __always_inline void slice_end(u32 tid, u32 tgid, u64 now, struct mcp_slice *sl)
-{
-	u64 *on = oncpu_start.lookup(&tid);
-	if (!on || !*on || *on > now)
-		return;
-	sl->ns = now - *on;
-	*on = 0;
-	u32 *home = numa_home.lookup(&tgid);
-	if (home) {
-		sl->homed = sl->ns;
-		if (bpf_get_numa_node_id() != *home)
-			sl->remote = sl->ns;
-	}
-}
-
 TRACEPOINT_PROBE(sched, sched_switch)
 {
 	u64 now = bpf_ktime_get_ns();

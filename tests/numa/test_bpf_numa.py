@@ -86,6 +86,26 @@ def test_local_home_all_time_local_and_equal_to_schedstat(agent, gpu_child):
     assert homed == on and remote == 0, (on, homed, remote)
 
 
+def test_a_request_that_never_switches_out_counts_its_cpu_time(agent, gpu_child):
+    """begin, 150 ms of spinning, end, in one step: the slice that holds the whole request ends after
+    it, so only the split at its begin and end (slice_split) gives the request its CPU time."""
+    numa = agent.agent.numa
+    wait_home(agent, gpu_child.pid, min(numa.nodes))
+    settle(gpu_child)
+    v0, n0 = gpu_child.switches()
+    e0 = exec_ns(gpu_child.pid)
+    gpu_child.do("busy 507 150")
+    e1 = exec_ns(gpu_child.pid)
+    v1, n1 = gpu_child.switches()
+    (span,) = agent.wait_spans(1, **{"process.pid": gpu_child.pid, "hostagent.request.id": f"{507:016x}"})
+    a = span.attributes
+    assert 0.149 <= a["hostagent.oncpu.time"] <= (e1 - e0) / 1e9, (a["hostagent.oncpu.time"], e1 - e0)
+    assert a["hostagent.numa.remote.ratio"] == 0.0 and a["hostagent.numa.home_node"] == min(numa.nodes)
+    # the request's own context switches: none (or a preemption or two on a busy CI machine)
+    assert a["hostagent.context_switches.voluntary"] == 0, dict(a)
+    assert a["hostagent.context_switches.involuntary"] <= (n1 - n0), dict(a)
+
+
 def test_a_home_on_another_node_makes_all_time_remote(agent, gpu_child, monkeypatch):
     """Node 1 where this machine has only node 0: every slice ran off the home node."""
     numa = agent.agent.numa

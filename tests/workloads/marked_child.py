@@ -2,7 +2,8 @@
 process's /proc counters while it is blocked between steps (no faults or switches of its own then).
 
 Commands, one per line: `begin RID TRACEPARENT`, `end RID`, `touch N` (N first-touch page faults),
-`sleep K MS` (K voluntary switches), `spin MS` (busy loop), `read PATH` (through the page cache), `thread_exit RID` (a thread begins a
+`sleep K MS` (K voluntary switches), `spin MS` (busy loop), `busy RID MS` (a request that only spins:
+no switch of its own between its begin and end), `read PATH` (through the page cache), `thread_exit RID` (a thread begins a
 request and exits inside it), `raw MAGIC VERSION OP` (a hand-made marker), `badptr`, `exit`.
 Each command answers `ok` when done."""
 
@@ -50,6 +51,12 @@ def main() -> None:
             t = time.monotonic() + int(args[0]) / 1000
             while time.monotonic() < t:
                 pass
+        elif cmd == "busy":
+            marker.begin(int(args[0]))
+            t = time.monotonic() + int(args[1]) / 1000
+            while time.monotonic() < t:
+                pass
+            marker.end(int(args[0]))
         elif cmd == "thread_exit":
             t = threading.Thread(target=marker.begin, args=(int(args[0]), None))
             t.start()
