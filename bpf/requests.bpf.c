@@ -15,11 +15,11 @@ struct mcp_slice {
 /* The on-CPU slice that prev ends now, split by NUMA locality. At sched_switch the CPU is still
  * the one prev ran on, and a task does not migrate while running: one node for the whole slice.
  * Slices that began before the thread was traced (no switch-in time) are not counted. */
-static __always_inline void slice_end(u32 tid, u32 tgid, u64 now, struct mcp_slice *sl)
+static __always_inline u64 *slice_end(u32 tid, u32 tgid, u64 now, struct mcp_slice *sl)
 {
 	u64 *on = oncpu_start.lookup(&tid);
 	if (!on || !*on || *on > now)
-		return;
+		return 0;
 	sl->ns = now - *on;
 	*on = 0;
 	u32 *home = numa_home.lookup(&tgid);
@@ -28,6 +28,19 @@ static __always_inline void slice_end(u32 tid, u32 tgid, u64 now, struct mcp_sli
 		if (bpf_get_numa_node_id() != *home)
 			sl->remote = sl->ns;
 	}
+	return on;
+}
+
+/* Shared by the process's threads on other CPUs: atomic, and only the adds that change anything */
+static __always_inline void proc_oncpu(struct mcp_counters *c, struct mcp_slice *sl)
+{
+	if (!sl->ns)
+		return;
+	__sync_fetch_and_add(&c->oncpu_ns, sl->ns);
+	if (sl->homed)
+		__sync_fetch_and_add(&c->oncpu_homed_ns, sl->homed);
+	if (sl->remote)
+		__sync_fetch_and_add(&c->oncpu_remote_ns, sl->remote);
 }
 
 /* A request's edge on a running thread: the slice so far goes to the counters (the request's too,
@@ -38,8 +51,8 @@ static __always_inline void slice_end(u32 tid, u32 tgid, u64 now, struct mcp_sli
 static __always_inline void slice_split(u32 tid, u32 tgid, u64 now, struct mcp_req_state *st)
 {
 	struct mcp_slice sl = {};
-	slice_end(tid, tgid, now, &sl);
-	if (!sl.ns)
+	u64 *on = slice_end(tid, tgid, now, &sl);
+	if (!on)
 		return;
 	if (st) {
 		st->c.oncpu_ns += sl.ns;
@@ -49,9 +62,7 @@ static __always_inline void slice_split(u32 tid, u32 tgid, u64 now, struct mcp_r
 	if (watched(tgid)) {
 		struct mcp_counters *c = proc_counters(tgid);
 		if (c) {
-			__sync_fetch_and_add(&c->oncpu_ns, sl.ns);
-			__sync_fetch_and_add(&c->oncpu_homed_ns, sl.homed);
-			__sync_fetch_and_add(&c->oncpu_remote_ns, sl.remote);
+			proc_oncpu(c, &sl);
 		}
 		c = thread_counters(tid);
 		if (c) {
@@ -60,7 +71,7 @@ static __always_inline void slice_split(u32 tid, u32 tgid, u64 now, struct mcp_r
 			c->oncpu_remote_ns += sl.remote;
 		}
 	}
-	oncpu_start.update(&tid, &now);
+	*on = now;  /* in place: an update of an existing key would take a new element from the LRU */
 }
 
 static __always_inline void emit_end(u64 pid_tgid, u64 now, struct mcp_req_state *st, u32 reason)
@@ -411,11 +422,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
 					__sync_fetch_and_add(&c->vcsw, 1);
 				else
 					__sync_fetch_and_add(&c->ivcsw, 1);
-				if (sl.ns) {
-					__sync_fetch_and_add(&c->oncpu_ns, sl.ns);
-					__sync_fetch_and_add(&c->oncpu_homed_ns, sl.homed);
-					__sync_fetch_and_add(&c->oncpu_remote_ns, sl.remote);
-				}
+				proc_oncpu(c, &sl);
 			}
 			c = thread_counters(prev);
 			if (c) {
@@ -484,8 +491,13 @@ TRACEPOINT_PROBE(sched, sched_switch)
 				st->c.wakeup_wait_ns += w;
 				st->c.wakeups += woke;
 			}
-			if (thread || st)
-				oncpu_start.update(&next, &now);
+			if (thread || st) {
+				u64 *on = oncpu_start.lookup(&next);
+				if (on)
+					*on = now;  /* in place (see slice_split) */
+				else
+					oncpu_start.update(&next, &now);
+			}
 			struct mcp_counters *c = proc_stats.lookup(&tgid);
 			if (c) {
 				__sync_fetch_and_add(&c->offcpu_ns, d);
