@@ -24,6 +24,9 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
+from . import nvlink
+from .nvlink import NvLinkState
+
 log = logging.getLogger(__name__)
 
 NA = None  # a field NVML does not give on this GPU/driver
@@ -221,6 +224,7 @@ class GpuSample:
     pcie_rx_kbytes_s: int | None = None
     pcie_tput_t_ns: int | None = None
     processes: tuple[GpuProcess, ...] = ()
+    nvlink: NvLinkState | None = None  # slow cadence, as the throughput; None: no NVLink (or not read yet)
 
 
 @dataclass(frozen=True)
@@ -247,6 +251,9 @@ class GpuAggregate:
     pcie_replays: int | None  # increase of the replay counter across the samples
     process_mem_max_bytes: int | None = None  # for the pid asked about
     process_sm_util_mean_pct: float | None = None
+    nvlink_active_min: int | None = None  # links up, fewest in the window
+    nvlink_down_max: int | None = None  # links seen up before and not then, most in the window
+    nvlink_errors: int | None = None  # increase of the data-link error counters (all kinds) across the window
 
     def attributes(self, prefix: str = "hostagent.gpu") -> dict[str, object]:
         """Span attributes; NA fields are left out."""
@@ -265,6 +272,8 @@ class GpuAggregate:
             "pcie.width_min": self.pcie_width_min, "pcie.replays": self.pcie_replays,
             "process.memory.usage.max": self.process_mem_max_bytes,
             "process.utilization.mean": ratio(self.process_sm_util_mean_pct),
+            "nvlink.links.active.min": self.nvlink_active_min, "nvlink.links.down.max": self.nvlink_down_max,
+            "nvlink.errors": self.nvlink_errors,
         }
         return {f"{prefix}.{k}": v for k, v in names.items() if v is not None}
 
@@ -300,7 +309,16 @@ def aggregate_samples(samples: list[GpuSample], pid: int | None = None) -> GpuAg
         pcie_replays=replays[-1] - replays[0] if len(replays) > 1 else None,
         process_mem_max_bytes=opt(max, _vals(procs, "used_memory_bytes")),
         process_sm_util_mean_pct=mean(_vals(procs, "sm_util_pct")),
+        **_nvlink_fields([s.nvlink for s in samples if s.nvlink is not None]),
     )
+
+
+def _nvlink_fields(nv: list[NvLinkState]) -> dict:
+    if not nv:
+        return {}
+    errs = [sum(v for _, v in n.errors) for n in nv if n.errors]
+    return {"nvlink_active_min": min(len(n.active) for n in nv), "nvlink_down_max": max(len(n.down) for n in nv),
+            "nvlink_errors": errs[-1] - errs[0] if len(errs) > 1 else None}
 
 
 # --- one GPU -------------------------------------------------------------------------------------
@@ -320,6 +338,8 @@ class _Gpu:
         self.last_t_ns: int | None = None
         self.last_proc_ts_us = 0
         self.tput: tuple[int | None, int | None, int | None] = (None, None, None)
+        self.nvlink: NvLinkState | None = None
+        self.nvlink_seen: set[int] = set()  # links seen active on this GPU since start
         self.busy_since: int | None = None  # monotonic ns when the current NVML round started
         self.in_call = ""
 
@@ -379,6 +399,7 @@ class _Gpu:
             pcie_width=self.q("nvmlDeviceGetCurrPcieLinkWidth"), pcie_width_max=self.width_max,
             pcie_replay_count=self.q("nvmlDeviceGetPcieReplayCounter"),
             pcie_tx_kbytes_s=tx, pcie_rx_kbytes_s=rx, pcie_tput_t_ns=tput_t, processes=processes,
+            nvlink=self.nvlink,
         )
         self.last_t_ns = t_ns
         return sample
@@ -386,6 +407,17 @@ class _Gpu:
     def sample_slow(self, t_ns: int) -> None:
         self.tput = (self.q("nvmlDeviceGetPcieThroughput", PCIE_TX, variant="tx"),
                      self.q("nvmlDeviceGetPcieThroughput", PCIE_RX, variant="rx"), t_ns)
+        self.nvlink = nvlink.read(self._ask, getattr(self.nvml.module, "NVML_NVLINK_MAX_LINKS", nvlink.MAX_LINKS),
+                                  self.nvlink_seen)
+
+    def _ask(self, name: str, *args, variant: str = ""):
+        """q() with NA and NVML errors as None: NVLink is optional; a link past the GPU's last one
+        answers INVALID_ARGUMENT."""
+        try:
+            v = self.q(name, *args, variant=variant)
+        except NvmlError:
+            return None
+        return None if v is NA else v
 
 
 def _pct(v):
@@ -538,9 +570,10 @@ class NvmlSampler:
                 gpu.sample_slow(gpu.busy_since)
                 if gen == self._down_gen[gpu.index]:
                     tx, rx, tt = gpu.tput
-                    self._publish(replace(sample, pcie_tx_kbytes_s=tx, pcie_rx_kbytes_s=rx, pcie_tput_t_ns=tt), False)
-            except Exception as e:  # noqa: BLE001 - throughput is optional; the GPU stays up
-                gpu.tput = (None, None, None)
+                    self._publish(replace(sample, pcie_tx_kbytes_s=tx, pcie_rx_kbytes_s=rx, pcie_tput_t_ns=tt,
+                                          nvlink=gpu.nvlink), False)
+            except Exception as e:  # noqa: BLE001 - throughput and NVLink are optional; the GPU stays up
+                gpu.tput, gpu.nvlink = (None, None, None), None
                 log.debug("GPU %d throughput: %s", gpu.index, e)
             gpu.busy_since = None
         return True

@@ -70,6 +70,19 @@ def instruments(gpu) -> list[Instrument]:
         Instrument("hostagent.gpu.pcie.capacity", "gauge", "By/s",
                    "bytes/s the GPU's link carries each way at its current generation and width (NVML's view)",
                    per_gpu(lambda s: [(link_capacity_bytes_s(s.pcie_gen, s.pcie_width), {})])),
+        Instrument("hostagent.gpu.nvlink.links", "gauge", "{link}",
+                   "NVLink links by state (NVML, every gpu.slow_period_s); absent on a GPU without NVLink",
+                   per_gpu(lambda s: [] if s.nvlink is None else [
+                       (len(s.nvlink.active), {"hostagent.nvlink.state": "active"}),
+                       (len(s.nvlink.links) - len(s.nvlink.active), {"hostagent.nvlink.state": "inactive"})])),
+        Instrument("hostagent.gpu.nvlink.links.down", "gauge", "{link}",
+                   "NVLink links this agent saw active on the GPU that are not now (a board without a bridge "
+                   "reports every link inactive from the start: not down)",
+                   per_gpu(lambda s: [] if s.nvlink is None else [(len(s.nvlink.down), {})])),
+        Instrument("hostagent.gpu.nvlink.errors", "counter", "{error}",
+                   "NVLink data-link errors summed over the GPU's links (NVML, since the driver loaded)",
+                   per_gpu(lambda s: [] if s.nvlink is None else [
+                       (v, {"hostagent.nvlink.error.type": k}) for k, v in s.nvlink.errors])),
         Instrument("hostagent.gpu.process.memory.usage", "gauge", "By", "device memory used by each process", per_gpu(lambda s: [
             (p.used_memory_bytes, {"process.pid": p.pid}) for p in (s.processes or ())])),
         Instrument("hostagent.gpu.xid.errors", "counter", "{error}",

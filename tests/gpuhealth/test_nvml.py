@@ -503,6 +503,9 @@ def test_gpu_metrics_follow_the_hw_conventions_in_base_units():
         "hostagent.gpu.pcie.replays": ("counter", "{replay}", [(3, g0)]),
         "hostagent.gpu.pcie.throughput": ("gauge", "By/s", []),  # not sampled yet (its slow cadence)
         "hostagent.gpu.pcie.capacity": ("gauge", "By/s", [(32e9 * 128 / 130 / 8 * 8, g0)]),  # Gen5 x8
+        "hostagent.gpu.nvlink.links": ("gauge", "{link}", []),  # no NVLink read (tests/gpuhealth/test_nvlink.py)
+        "hostagent.gpu.nvlink.links.down": ("gauge", "{link}", []),
+        "hostagent.gpu.nvlink.errors": ("counter", "{error}", []),
         "hostagent.gpu.process.memory.usage": ("gauge", "By", [(1 << 30, {**g0, "process.pid": 476})]),
         "hostagent.gpu.xid.errors": ("counter", "{error}", [(2, {"hostagent.gpu.xid.code": 31})]),
     }
