@@ -90,6 +90,10 @@ static long (*mcp_read_kernel)(void *dst, u32 size, const void *src) = (void *)B
  * include/trace/events/sched.h __trace_sched_switch_state(). 0 means it yielded while runnable.
  * Either way the kernel counts nivcsw; any other state is a voluntary switch (nvcsw). */
 #define MCP_TASK_REPORT_MAX 0x100
+/* A dying task's last switch reports its exit_state: EXIT_ZOMBIE or EXIT_DEAD (include/linux/sched.h,
+ * __task_state_index()); nothing of it runs again. */
+#define MCP_EXIT_DEAD 0x10
+#define MCP_EXIT_ZOMBIE 0x20
 
 BPF_RINGBUF_OUTPUT(events, MCP_RINGBUF_PAGES);
 /* Request BEGIN/END, their reclaim stalls and the exits of marking processes only: bulk records
@@ -185,11 +189,14 @@ static __always_inline int watched(u32 tgid)
 
 static __always_inline struct mcp_counters *proc_counters(u32 tgid)
 {
-	struct mcp_counters zero = {};
 	struct mcp_counters *c = proc_stats.lookup(&tgid);
 	if (c)
 		return c;
-	if (proc_stats.update(&tgid, &zero) != 0) {
+	u32 z = 0;
+	struct mcp_counters *zero = zero_counters.lookup(&z);  /* off the stack, as thread_counters */
+	if (!zero)
+		return 0;
+	if (proc_stats.update(&tgid, zero) != 0) {
 		stat_inc(MCP_STAT_PROC_MAP_FULL);
 		return 0;
 	}

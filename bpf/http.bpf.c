@@ -118,6 +118,8 @@ static __always_inline void http_end(struct mcp_http_conn_key *k, struct mcp_htt
 	e->pad = 0;
 	u32 tid = c->begin_tid, tgid = k->tgid;
 	u64 g = c->group;
+	if ((u32)pid_tgid == tid)  /* the slice running now belongs up to here (requests.bpf.c) */
+		slice_split(tid, tgid, now, 0);
 	http_snap(&e->thread, thread_stats.lookup(&tid));
 	http_snap(&e->proc, proc_stats.lookup(&tgid));
 	http_snap(&e->grp, g ? group_stats.lookup(&g) : 0);
@@ -171,6 +173,7 @@ static __always_inline void http_begin(struct mcp_http_conn_key *k, struct mcp_h
 	if (mcp_read_user(e->head, n & (MCP_HTTP_HEAD_LEN - 1), (void *)buf) != 0)
 		n = 0;
 	e->head_len = n;
+	slice_split(tid, tgid, now, 0);  /* the thread's CPU time counts from the head on */
 	http_snap(&e->thread, thread_stats.lookup(&tid));
 	http_snap(&e->proc, proc_stats.lookup(&tgid));
 	http_snap(&e->grp, g ? group_stats.lookup(&g) : 0);

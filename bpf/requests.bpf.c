@@ -264,6 +264,15 @@ static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
 
 	struct mcp_req_state *old = req_by_tid.lookup(&tid);
 	slice_split(tid, tgid, now, old);
+#if MCP_PROBE_SCHED_SWITCH
+	/* The marking thread is running: if sched_switch has not started its slice yet (its first
+	 * request), it starts here, or a first request that never switches out would count none. */
+	u64 *on = oncpu_start.lookup(&tid);
+	if (!on)
+		oncpu_start.update(&tid, &now);
+	else if (!*on)
+		*on = now;
+#endif
 	if (old) {
 		stat_inc(MCP_STAT_BEGIN_SUPERSEDED);
 		emit_end(pid_tgid, now, old, MCP_END_SUPERSEDED);
@@ -445,7 +454,11 @@ TRACEPOINT_PROBE(sched, sched_switch)
 					__sync_fetch_and_add(&c->ivcsw, 1);
 			}
 		}
-		if (st || w || g) {
+		if (state & (MCP_EXIT_DEAD | MCP_EXIT_ZOMBIE) && !(state & MCP_TASK_REPORT_MAX)) {
+			/* its last switch: a switch-in after sched_process_exit (closing its files) may
+			 * have made its entry again, which a reused tid would otherwise find */
+			oncpu_start.delete(&prev);
+		} else if (st || w || g) {
 			struct mcp_offcpu o = {.ts_ns = now, .tgid = prev_tgid, .runnable = !voluntary, .group = g,
 					       .thread = w};
 			offcpu_start.update(&prev, &o);
@@ -558,6 +571,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 
 	struct mcp_req_state *st = req_by_tid.lookup(&tid);
 	if (st) {
+		slice_split(tid, tgid, now, st);
 		emit_end(pid_tgid, now, st, MCP_END_THREAD_EXIT);
 		close_request(tid, tgid);
 	}

@@ -111,7 +111,7 @@ class Agent:
         self.pcie.episode_listeners.append(self.snapshots.on_link_episode)
         self.gpu.record_handlers.update({AerRecord: self.pcie.on_aer, LinkEventRecord: self.pcie.on_link_event})
         self.nic = Nic(enabled=cfg.nic_enabled, sysfs_root=sysfs_root)
-        self.numa = Numa(gpu_processes=self.gpu.gpu_processes, sysfs_root=sysfs_root)
+        self.numa = Numa(gpu_processes=self.gpu.gpu_processes, sysfs_root=sysfs_root, proc_root=proc_root)
         self.cuda_cap = Cuda(processes=self.processes, health=self.health)
         self.routes: dict[int, Route] = self.gpu.routes()
         # made once the programs are loaded
@@ -183,7 +183,9 @@ class Agent:
         self.routes = self._route_table()
         sources = [*self.gpu.start(bpf_xid=self.health.probes.get("gpu_xid") == probes.ATTACHED),
                    *self.pcie.start(enabled=cfg.gpu_enabled), *self.nic.start(),
-                   *self.numa.start(self.bpf, switch_attached=self.health.probes.get("sched_switch") == probes.ATTACHED)]
+                   *self.numa.start(self.bpf, switch_attached=self.health.probes.get("sched_switch") == probes.ATTACHED,
+                                    nvml_attached=self.gpu.sources.get("nvml", None) is not None
+                                    and self.gpu.sources["nvml"].state == "attached")]
         for src in sources:
             self.health.probes[src.name] = src.state
             self.health.source_reasons[src.name] = src.reason

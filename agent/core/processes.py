@@ -34,6 +34,7 @@ class Processes:
         self._faults: dict[int, tuple[int, int]] = {}
         self._io: dict[int, tuple[int, int]] = {}
         self._lock = threading.Lock()  # rows and faults, read by the metric reader thread
+        self._numa_last: dict[tuple, float] = {}  # (pid, start, locality) -> the value last exported
         self.on_gone = None  # callable(set of pids): their metric state can go
 
     def attrs(self, pid: int, comm: bytes = b"", ttl_s: float = IDENTITY_TTL_S) -> dict:
@@ -127,6 +128,23 @@ class Processes:
             return [(v, {**metric_identity(a), **extra}) for a, c in rows for v, extra in pick(c)]
         return read
 
+    def _numa_rows(self):
+        """numa_rows, never below what was exported before: the kernel adds a slice to its three
+        counters one after the other, and a read between them would make local or unknown dip once
+        (a counter reset to Prometheus). Called on the metric reader's thread only."""
+        with self._lock:
+            rows = list(self.rows.items())
+        last, out = self._numa_last, []
+        for pid, (a, c) in rows:
+            for v, extra in numa_rows(c):
+                key = (pid, a.get("process.creation.time"), extra["hostagent.numa.locality"])
+                v = last[key] = max(v, last.get(key, 0.0))
+                out.append((v, {**metric_identity(a), **extra}))
+        live = {pid for pid, _ in rows}
+        for key in [k for k in last if k[0] not in live]:
+            del last[key]
+        return out
+
     def _io_rows(self):
         with self._lock:
             rows = [(self.rows[p][0], b) for p, b in self._io.items() if p in self.rows]
@@ -158,7 +176,7 @@ class Processes:
             Instrument("hostagent.process.numa.cpu.time", "counter", "s",
                        "time the process's traced threads ran on a CPU, by NUMA locality to its GPUs' node "
                        "(local, remote; unknown while it had no home node: no GPU, or GPUs on several nodes)",
-                       p(numa_rows)),
+                       self._numa_rows),
             Instrument("process.paging.faults", "counter", "{fault}",
                        "faults by type since the process started (/proc/PID/stat)", self._faults_rows),
             Instrument("process.disk.io", "counter", "By",

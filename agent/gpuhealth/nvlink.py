@@ -15,7 +15,7 @@ is *down* when this agent saw it active on that GPU before (links_down, per samp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ENABLED = 1  # NVML_FEATURE_ENABLED
 # nvmlNvLinkErrorCounter_t: NVML_NVLINK_ERROR_DL_REPLAY .. _DL_CRC_DATA
@@ -25,30 +25,43 @@ MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS of nvml.h 535-575, where the binding has
 
 @dataclass(frozen=True)
 class NvLinkState:
-    links: tuple[int, ...]  # the links that answered a state
+    t_ns: int  # when it was read: samples between two reads share one
+    links: tuple[int, ...]  # the links that answered a state (now or, for a call that failed now, before)
     active: tuple[int, ...]  # of those, the ones up
     errors: tuple[tuple[str, int], ...] = ()  # counter -> its sum over the links that answer it
     down: tuple[int, ...] = ()  # links this agent saw active on the GPU that are not now
 
 
-def read(ask, max_links: int, seen_active: set[int]) -> NvLinkState | None:
+@dataclass
+class Memo:
+    """One GPU's reads so far: a link or counter that fails once keeps its last answer (the totals
+    must not drop), and links past the last that answered are not asked again."""
+    seen_active: set[int] = field(default_factory=set)
+    state: dict[int, bool] = field(default_factory=dict)
+    errors: dict[tuple[str, int], int] = field(default_factory=dict)
+    max_links: int | None = None
+
+
+def read(ask, max_links: int, memo: Memo, t_ns: int) -> NvLinkState | None:
     """ask(name, *args, variant=...) -> the GPU's NVML answer, or None for not supported, an invalid
-    link or an error. None: no link answered (no NVLink). seen_active: the links seen up before on
-    this GPU; updated."""
-    states = {}
-    for link in range(max_links):
+    link or an error. None: no link has answered a state (no NVLink)."""
+    for link in range(memo.max_links if memo.max_links is not None else max_links):
         st = ask("nvmlDeviceGetNvLinkState", link, variant=f"link{link}")
         if st is not None:
-            states[link] = int(st) == ENABLED
-    if not states:
+            memo.state[link] = int(st) == ENABLED
+    if not memo.state:
         return None
-    active = tuple(sorted(k for k, up in states.items() if up))
-    seen_active.update(active)
+    memo.max_links = max(memo.state) + 1
+    active = tuple(sorted(k for k, up in memo.state.items() if up))
+    memo.seen_active.update(active)
     errors = []
     for name, counter in ERRORS:
-        got = [ask("nvmlDeviceGetNvLinkErrorCounter", link, counter, variant=f"{name}/link{link}") for link in states]
-        got = [int(v) for v in got if v is not None]
+        for link in memo.state:
+            v = ask("nvmlDeviceGetNvLinkErrorCounter", link, counter, variant=f"{name}/link{link}")
+            if v is not None:
+                memo.errors[(name, link)] = int(v)
+        got = [v for (n, _), v in memo.errors.items() if n == name]
         if got:
             errors.append((name, sum(got)))
-    return NvLinkState(tuple(sorted(states)), active, tuple(errors),
-                       tuple(sorted(k for k in seen_active if not states.get(k, False))))
+    return NvLinkState(t_ns, tuple(sorted(memo.state)), active, tuple(errors),
+                       tuple(sorted(k for k in memo.seen_active if not memo.state.get(k, False))))

@@ -316,7 +316,8 @@ def aggregate_samples(samples: list[GpuSample], pid: int | None = None) -> GpuAg
 def _nvlink_fields(nv: list[NvLinkState]) -> dict:
     if not nv:
         return {}
-    errs = [sum(v for _, v in n.errors) for n in nv if n.errors]
+    reads = list({n.t_ns: n for n in nv}.values())  # the fast samples between two reads repeat one
+    errs = [sum(v for _, v in n.errors) for n in reads if n.errors]
     return {"nvlink_active_min": min(len(n.active) for n in nv), "nvlink_down_max": max(len(n.down) for n in nv),
             "nvlink_errors": errs[-1] - errs[0] if len(errs) > 1 else None}
 
@@ -339,7 +340,7 @@ class _Gpu:
         self.last_proc_ts_us = 0
         self.tput: tuple[int | None, int | None, int | None] = (None, None, None)
         self.nvlink: NvLinkState | None = None
-        self.nvlink_seen: set[int] = set()  # links seen active on this GPU since start
+        self.nvlink_memo = nvlink.Memo()
         self.busy_since: int | None = None  # monotonic ns when the current NVML round started
         self.in_call = ""
 
@@ -405,10 +406,11 @@ class _Gpu:
         return sample
 
     def sample_slow(self, t_ns: int) -> None:
+        # NVLink first: its calls never raise, so a throughput failure cannot cost it its read
+        self.nvlink = nvlink.read(self._ask, getattr(self.nvml.module, "NVML_NVLINK_MAX_LINKS", nvlink.MAX_LINKS),
+                                  self.nvlink_memo, t_ns)
         self.tput = (self.q("nvmlDeviceGetPcieThroughput", PCIE_TX, variant="tx"),
                      self.q("nvmlDeviceGetPcieThroughput", PCIE_RX, variant="rx"), t_ns)
-        self.nvlink = nvlink.read(self._ask, getattr(self.nvml.module, "NVML_NVLINK_MAX_LINKS", nvlink.MAX_LINKS),
-                                  self.nvlink_seen)
 
     def _ask(self, name: str, *args, variant: str = ""):
         """q() with NA and NVML errors as None: NVLink is optional; a link past the GPU's last one
@@ -572,8 +574,10 @@ class NvmlSampler:
                     tx, rx, tt = gpu.tput
                     self._publish(replace(sample, pcie_tx_kbytes_s=tx, pcie_rx_kbytes_s=rx, pcie_tput_t_ns=tt,
                                           nvlink=gpu.nvlink), False)
-            except Exception as e:  # noqa: BLE001 - throughput and NVLink are optional; the GPU stays up
-                gpu.tput, gpu.nvlink = (None, None, None), None
+            except Exception as e:  # noqa: BLE001 - throughput is optional; the GPU stays up
+                gpu.tput = (None, None, None)
+                if gen == self._down_gen[gpu.index]:
+                    self._publish(replace(sample, nvlink=gpu.nvlink), False)
                 log.debug("GPU %d throughput: %s", gpu.index, e)
             gpu.busy_since = None
         return True

@@ -59,17 +59,18 @@ def home_nodes(gpu_processes: dict[int, set[str]], node_of) -> dict[int, int]:
 
 
 class Numa:
-    def __init__(self, *, gpu_processes=lambda: {}, sysfs_root: str = "/sys"):
+    def __init__(self, *, gpu_processes=lambda: {}, sysfs_root: str = "/sys", proc_root: str = "/proc"):
         """gpu_processes() -> {pid: GPU PCI addresses it has contexts on} (gpuhealth)."""
         self.gpu_processes = gpu_processes
-        self.sysfs_root = sysfs_root
+        self.sysfs_root, self.proc_root = sysfs_root, proc_root
         self.nodes: set[int] = set()
         self.homes: dict[int, int] = {}  # what numa_home holds, as this module last wrote it
         self._device_nodes: dict[str, int | None] = {}  # a device's node does not change while it is there
         self._table = None
         self.sources: dict[str, SourceStatus] = {}
 
-    def start(self, bpf, switch_attached: bool) -> list[SourceStatus]:
+    def start(self, bpf, switch_attached: bool, nvml_attached: bool = True) -> list[SourceStatus]:
+        """nvml_attached: NVML's process lists are there to give processes a home."""
         self.nodes = nodes(self.sysfs_root)
         if not switch_attached:
             st = SourceStatus("numa", "disabled", "needs the sched_switch probe")
@@ -77,7 +78,9 @@ class Numa:
             st = SourceStatus("numa", "missing", "no NUMA nodes in sysfs (CONFIG_NUMA off)")
         else:
             self._table = bpf[b"numa_home"]
-            st = SourceStatus("numa", "attached", f"{len(self.nodes)} node{'s' if len(self.nodes) > 1 else ''}")
+            n = f"{len(self.nodes)} node{'s' if len(self.nodes) > 1 else ''}"
+            st = SourceStatus("numa", "attached", n if nvml_attached else
+                              f"{n}; no GPU process list (NVML missing): CPU time is counted, its locality unknown")
         self.sources = {st.name: st}
         return [st]
 
@@ -92,16 +95,26 @@ class Numa:
         again each tick (GPU processes are few): a pid reused since is not left without one."""
         if self._table is None:
             return
-        want = home_nodes(self.gpu_processes(), self.node_of)
+        # NVML's list lags an exit by up to a sample: a pid no longer in /proc is not written back
+        # (the kernel dropped its entry at the exit), nor left to a process that reuses it
+        want = {pid: node for pid, node in home_nodes(self.gpu_processes(), self.node_of).items()
+                if os.path.exists(f"{self.proc_root}/{pid}")}
         for pid in [p for p in self.homes if p not in want]:
             try:
                 del self._table[ctypes.c_uint32(pid)]
             except KeyError:  # gone with its process (sched_process_exit)
                 pass
             del self.homes[pid]
+        failed = None
         for pid, node in want.items():
-            self._table[ctypes.c_uint32(pid)] = ctypes.c_uint32(node)
+            try:
+                self._table[ctypes.c_uint32(pid)] = ctypes.c_uint32(node)
+            except Exception as e:  # noqa: BLE001 -- numa_home full (E2BIG): the others still go in
+                failed = e
+                continue
             self.homes[pid] = node
+        if failed is not None:
+            raise failed  # counted once in hostagent.agent.errors{numa} by the tick step
 
     def evidence(self, fr) -> Evidence:
         node = self.homes.get(fr.tgid)

@@ -123,3 +123,41 @@ def test_links_that_go_inactive_are_down_and_reach_a_requests_gpu_attributes():
 def test_links_past_the_gpus_last_answer_invalid_argument_and_are_skipped(name):
     s = NvmlSampler(NvLinkReplay(PUBLIC[name]), slow_period_s=10).sample_once()[0]
     assert s.up and len(s.nvlink.links) == len(PUBLIC[name]["state"])
+
+
+def test_fast_samples_sharing_one_read_give_no_error_increase():
+    """NVLink is read at the slow cadence; the fast samples between two reads carry the same read,
+    so a request inside one read's span has no increase to report: unknown, not 0."""
+    fake = NvLinkReplay(PUBLIC["gb300_link0_errors"])
+    sampler = NvmlSampler(fake, slow_period_s=10)
+    first = sampler.sample_once()[0]
+    sampler.slow_period_ns = 0  # the next rounds fast only, as between two slow rounds
+    fast = [sampler.sample_once()[0] for _ in range(3)]
+    assert all(s.nvlink is first.nvlink for s in fast)
+    assert "hostagent.gpu.nvlink.errors" not in aggregate_samples([first, *fast]).attributes()
+
+
+def test_a_counter_or_state_that_fails_once_keeps_its_last_answer():
+    fake = NvLinkReplay(PUBLIC["gb300_link0_errors"])
+    sampler = NvmlSampler(fake, slow_period_s=10)
+    a = sampler.sample_once()[0]
+
+    def unknown(h, *args):  # an NVML error that is not "not supported": asked again next time
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    for name in ("nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter"):
+        setattr(fake, name, (lambda orig: lambda h, *args: unknown(h))(getattr(fake, name)))
+    b = sampler.sample_once()[0]
+    assert b.nvlink.t_ns > a.nvlink.t_ns
+    assert (b.nvlink.links, b.nvlink.active, b.nvlink.errors, b.nvlink.down) == \
+        (a.nvlink.links, a.nvlink.active, a.nvlink.errors, ())  # no drop, no link down
+
+
+def test_links_past_the_last_are_asked_once():
+    fake = NvLinkReplay(PUBLIC["v100_sxm2_two_inactive"])
+    sampler = NvmlSampler(fake, slow_period_s=10)
+    sampler.sample_once()
+    first = sum(1 for _, n, _ in fake.log if n == "nvmlDeviceGetNvLinkState")
+    sampler.sample_once()
+    second = sum(1 for _, n, _ in fake.log if n == "nvmlDeviceGetNvLinkState") - first
+    assert first == 18 and second == 6  # 18: the binding's count; then the GPU's own six

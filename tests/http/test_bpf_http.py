@@ -107,6 +107,14 @@ def agent(server):
     a.close()
 
 
+def exec_ns(path: str) -> int:
+    """sum_exec_runtime: the first field of /proc/PID/task/TID/schedstat (CONFIG_SCHED_INFO)."""
+    try:
+        return int(open(path).read().split()[0])
+    except (OSError, IndexError):
+        pytest.skip("no /proc/PID/task/TID/schedstat (CONFIG_SCHED_INFO)")
+
+
 def request(conn, method: str, path: str, trace: int, span: int):
     conn.request(method, path, headers={"traceparent": TP.format(trace=trace, span=span)})
     r = conn.getresponse()
@@ -152,13 +160,20 @@ def test_thread_counts_are_the_kernels_for_the_event_loop_thread(agent, server):
     for i in range(3):
         tid = server.pid  # asyncio's loop runs on uvicorn's main thread
         before = faults(f"/proc/{server.pid}/task/{tid}/stat")
+        cpu0 = exec_ns(f"/proc/{server.pid}/task/{tid}/schedstat")
         status, body = request(conn, "GET", f"/touch?pages={PAGES}", 0xF00, 0x10 + i)
+        cpu1 = exec_ns(f"/proc/{server.pid}/task/{tid}/schedstat")
         after = faults(f"/proc/{server.pid}/task/{tid}/stat")
         inner = json.loads(body)
         assert status == 200 and inner["tid"] == tid and inner["faults"] >= PAGES
-        a = span_for(agent, 0xF00, 0x10 + i).attributes
+        sp = span_for(agent, 0xF00, 0x10 + i)
+        a = sp.attributes
         assert a["thread.id"] == tid
         assert inner["faults"] <= a["hostagent.faults.user"] <= after - before, (inner, dict(a), after - before)
+        # its CPU time: split at the head read and the response write, so within the span and within
+        # what the kernel's sum_exec_runtime counted for the thread around the request
+        oncpu = a["hostagent.oncpu.time"] * 1e9
+        assert 0 < oncpu <= min(cpu1 - cpu0, sp.end_time - sp.start_time), (oncpu, cpu1 - cpu0, sp.end_time - sp.start_time)
     conn.close()
 
 

@@ -106,6 +106,18 @@ def test_a_request_that_never_switches_out_counts_its_cpu_time(agent, gpu_child)
     assert a["hostagent.context_switches.involuntary"] <= (n1 - n0), dict(a)
 
 
+def test_a_processs_first_request_counts_its_cpu_time(agent):
+    """A process never watched before: its first request is the first time the thread is traced
+    (no switch-in seen), and the marker starts the slice."""
+    c = Child()
+    try:
+        c.do("busy 508 100")
+        (span,) = agent.wait_spans(1, **{"process.pid": c.pid, "hostagent.request.id": f"{508:016x}"})
+        assert 0.099 <= span.attributes["hostagent.oncpu.time"] <= 0.2, dict(span.attributes)
+    finally:
+        c.close()
+
+
 def test_a_home_on_another_node_makes_all_time_remote(agent, gpu_child, monkeypatch):
     """Node 1 where this machine has only node 0: every slice ran off the home node."""
     numa = agent.agent.numa

@@ -101,3 +101,21 @@ def test_process_rows_by_locality():
     rows = {a["hostagent.numa.locality"]: v for v, a in numa_rows(counters(oncpu_ns=2 * s))}
     assert rows == {"unknown": 2.0}
     assert numa_rows(counters()) == []
+
+
+def test_exported_locality_never_goes_backwards(tmp_path):
+    """The kernel adds a slice to homed, then to remote: a read between the two sees local one slice
+    high, and the next read one slice lower. The exported counter holds its highest value."""
+    from mcp_hostagent.core.processes import Processes
+
+    procs = Processes(proc_root=str(tmp_path))
+    attrs = {"process.pid": 10, "process.executable.name": "srv", "process.creation.time": "t0"}
+    (inst,) = [i for i in procs.instruments() if i.name == "hostagent.process.numa.cpu.time"]
+
+    def local_after(homed, remote):
+        procs.set_rows({10: (attrs, counters(oncpu_ns=homed, oncpu_homed_ns=homed, oncpu_remote_ns=remote))}, {})
+        return {a["hostagent.numa.locality"]: v for v, a in inst.read()}["local"]
+
+    assert local_after(7_000, 1_000) == 6e-6  # torn: homed has the slice, remote not yet
+    assert local_after(7_000, 2_000) == 6e-6  # remote caught up: local held, not 5e-6
+    assert local_after(9_000, 2_000) == 7e-6
