@@ -264,15 +264,6 @@ static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
 
 	struct mcp_req_state *old = req_by_tid.lookup(&tid);
 	slice_split(tid, tgid, now, old);
-#if MCP_PROBE_SCHED_SWITCH
-	/* The marking thread is running: if sched_switch has not started its slice yet (its first
-	 * request), it starts here, or a first request that never switches out would count none. */
-	u64 *on = oncpu_start.lookup(&tid);
-	if (!on)
-		oncpu_start.update(&tid, &now);
-	else if (!*on)
-		*on = now;
-#endif
 	if (old) {
 		stat_inc(MCP_STAT_BEGIN_SUPERSEDED);
 		emit_end(pid_tgid, now, old, MCP_END_SUPERSEDED);
@@ -309,6 +300,16 @@ static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
 			__sync_fetch_and_add(&bc->open, 1);
 	}
 
+#if MCP_PROBE_SCHED_SWITCH
+	/* The marking thread is running and now traced: if sched_switch has not started its slice yet
+	 * (its first request), it starts here, or a first request that never switches out would count
+	 * none. Only for a begin taken: a refused one leaves no start behind for a later watch to find. */
+	u64 *on = oncpu_start.lookup(&tid);
+	if (!on)
+		oncpu_start.update(&tid, &now);
+	else if (!*on)
+		*on = now;
+#endif
 	u8 one = 1;
 	watch_tgid.update(&tgid, &one);
 
