@@ -31,6 +31,25 @@ static __always_inline u64 *slice_end(u32 tid, u32 tgid, u64 now, struct mcp_sli
 	return on;
 }
 
+/* A thread's own counters (its request's, its thread_stats entry): written only in its context */
+static __always_inline void slice_add(struct mcp_counters *c, struct mcp_slice *sl)
+{
+	c->oncpu_ns += sl->ns;
+	c->oncpu_homed_ns += sl->homed;
+	c->oncpu_remote_ns += sl->remote;
+}
+
+/* The thread's slice starts now: in place where it has an entry (an update of an existing key
+ * would take a new element from the LRU each time) */
+static __always_inline void slice_start(u32 tid, u64 now)
+{
+	u64 *on = oncpu_start.lookup(&tid);
+	if (on)
+		*on = now;
+	else
+		oncpu_start.update(&tid, &now);
+}
+
 /* Shared by the process's threads on other CPUs: atomic, and only the adds that change anything */
 static __always_inline void proc_oncpu(struct mcp_counters *c, struct mcp_slice *sl)
 {
@@ -54,24 +73,17 @@ static __always_inline void slice_split(u32 tid, u32 tgid, u64 now, struct mcp_r
 	u64 *on = slice_end(tid, tgid, now, &sl);
 	if (!on)
 		return;
-	if (st) {
-		st->c.oncpu_ns += sl.ns;
-		st->c.oncpu_homed_ns += sl.homed;
-		st->c.oncpu_remote_ns += sl.remote;
-	}
+	if (st)
+		slice_add(&st->c, &sl);
 	if (watched(tgid)) {
 		struct mcp_counters *c = proc_counters(tgid);
-		if (c) {
+		if (c)
 			proc_oncpu(c, &sl);
-		}
 		c = thread_counters(tid);
-		if (c) {
-			c->oncpu_ns += sl.ns;
-			c->oncpu_homed_ns += sl.homed;
-			c->oncpu_remote_ns += sl.remote;
-		}
+		if (c)
+			slice_add(c, &sl);
 	}
-	*on = now;  /* in place: an update of an existing key would take a new element from the LRU */
+	*on = now;  /* in place (slice_start) */
 }
 
 static __always_inline void emit_end(u64 pid_tgid, u64 now, struct mcp_req_state *st, u32 reason)
@@ -304,11 +316,7 @@ static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
 	/* The marking thread is running and now traced: if sched_switch has not started its slice yet
 	 * (its first request), it starts here, or a first request that never switches out would count
 	 * none. Only for a begin taken: a refused one leaves no start behind for a later watch to find. */
-	u64 *on = oncpu_start.lookup(&tid);
-	if (!on)
-		oncpu_start.update(&tid, &now);
-	else if (!*on)
-		*on = now;
+	slice_start(tid, now);  /* where slice_split above restarted it, the same time again */
 #endif
 	u8 one = 1;
 	watch_tgid.update(&tgid, &one);
@@ -421,9 +429,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
 				st->c.vcsw++;
 			else
 				st->c.ivcsw++;
-			st->c.oncpu_ns += sl.ns;
-			st->c.oncpu_homed_ns += sl.homed;
-			st->c.oncpu_remote_ns += sl.remote;
+			slice_add(&st->c, &sl);
 		}
 		if (w) {
 			struct mcp_counters *c = proc_counters(prev_tgid);
@@ -440,9 +446,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
 					c->vcsw++;
 				else
 					c->ivcsw++;
-				c->oncpu_ns += sl.ns;
-				c->oncpu_homed_ns += sl.homed;
-				c->oncpu_remote_ns += sl.remote;
+				slice_add(c, &sl);
 			}
 		}
 		u64 g = serving_group();  /* current is still prev: its cgroup */
@@ -505,13 +509,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
 				st->c.wakeup_wait_ns += w;
 				st->c.wakeups += woke;
 			}
-			if (thread || st) {
-				u64 *on = oncpu_start.lookup(&next);
-				if (on)
-					*on = now;  /* in place (see slice_split) */
-				else
-					oncpu_start.update(&next, &now);
-			}
+			if (thread || st)
+				slice_start(next, now);
 			struct mcp_counters *c = proc_stats.lookup(&tgid);
 			if (c) {
 				__sync_fetch_and_add(&c->offcpu_ns, d);

@@ -184,8 +184,7 @@ class Agent:
         sources = [*self.gpu.start(bpf_xid=self.health.probes.get("gpu_xid") == probes.ATTACHED),
                    *self.pcie.start(enabled=cfg.gpu_enabled), *self.nic.start(),
                    *self.numa.start(self.bpf, switch_attached=self.health.probes.get("sched_switch") == probes.ATTACHED,
-                                    nvml_attached=self.gpu.sources.get("nvml", None) is not None
-                                    and self.gpu.sources["nvml"].state == "attached")]
+                                    nvml_attached=getattr(self.gpu.sources.get("nvml"), "state", None) == "attached")]
         for src in sources:
             self.health.probes[src.name] = src.state
             self.health.source_reasons[src.name] = src.reason

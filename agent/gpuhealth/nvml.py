@@ -413,13 +413,12 @@ class _Gpu:
                      self.q("nvmlDeviceGetPcieThroughput", PCIE_RX, variant="rx"), t_ns)
 
     def _ask(self, name: str, *args, variant: str = ""):
-        """q() with NA and NVML errors as None: NVLink is optional; a link past the GPU's last one
+        """q() with NVML errors as NA (None): NVLink is optional; a link past the GPU's last one
         answers INVALID_ARGUMENT."""
         try:
-            v = self.q(name, *args, variant=variant)
+            return self.q(name, *args, variant=variant)
         except NvmlError:
-            return None
-        return None if v is NA else v
+            return NA
 
 
 def _pct(v):
@@ -568,17 +567,16 @@ class NvmlSampler:
         self.rounds[gpu.index] += 1
         if slow:
             gpu.busy_since = self._clock()
+            tput = {}
             try:
                 gpu.sample_slow(gpu.busy_since)
-                if gen == self._down_gen[gpu.index]:
-                    tx, rx, tt = gpu.tput
-                    self._publish(replace(sample, pcie_tx_kbytes_s=tx, pcie_rx_kbytes_s=rx, pcie_tput_t_ns=tt,
-                                          nvlink=gpu.nvlink), False)
+                tx, rx, tt = gpu.tput
+                tput = {"pcie_tx_kbytes_s": tx, "pcie_rx_kbytes_s": rx, "pcie_tput_t_ns": tt}
             except Exception as e:  # noqa: BLE001 - throughput is optional; the GPU stays up
                 gpu.tput = (None, None, None)
-                if gen == self._down_gen[gpu.index]:
-                    self._publish(replace(sample, nvlink=gpu.nvlink), False)
                 log.debug("GPU %d throughput: %s", gpu.index, e)
+            if gen == self._down_gen[gpu.index]:
+                self._publish(replace(sample, nvlink=gpu.nvlink, **tput), False)
             gpu.busy_since = None
         return True
 

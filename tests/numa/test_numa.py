@@ -74,33 +74,26 @@ def test_numa_is_reported_off_without_the_switch_probe(tmp_path):
     n.tick()  # nothing to write to
 
 
-def counters(**kw) -> Counters:
-    c = Counters()
-    for k, v in kw.items():
-        setattr(c, k, v)
-    return c
-
-
 def test_remote_share_only_with_a_home():
     """A measured 0 when the process had a home, absent (never a false 0) when it had none."""
     s = 1_000_000_000
-    homed = counter_attributes(counters(oncpu_ns=2 * s, oncpu_homed_ns=2 * s, oncpu_remote_ns=0))
+    homed = counter_attributes(Counters(oncpu_ns=2 * s, oncpu_homed_ns=2 * s, oncpu_remote_ns=0))
     assert homed[NUMA_REMOTE_TIME] == 0 and homed[NUMA_REMOTE_RATIO] == 0
     assert homed["hostagent.oncpu.time"] == 2.0
-    part = counter_attributes(counters(oncpu_ns=4 * s, oncpu_homed_ns=2 * s, oncpu_remote_ns=s // 2))
+    part = counter_attributes(Counters(oncpu_ns=4 * s, oncpu_homed_ns=2 * s, oncpu_remote_ns=s // 2))
     assert part[NUMA_REMOTE_RATIO] == 0.25 and part[NUMA_REMOTE_TIME] == 0.5
-    none = counter_attributes(counters(oncpu_ns=2 * s))
+    none = counter_attributes(Counters(oncpu_ns=2 * s))
     assert NUMA_REMOTE_TIME not in none and NUMA_REMOTE_RATIO not in none
 
 
 def test_process_rows_by_locality():
     s = 1_000_000_000
-    rows = {a["hostagent.numa.locality"]: v for v, a in numa_rows(counters(oncpu_ns=4 * s, oncpu_homed_ns=3 * s,
+    rows = {a["hostagent.numa.locality"]: v for v, a in numa_rows(Counters(oncpu_ns=4 * s, oncpu_homed_ns=3 * s,
                                                                             oncpu_remote_ns=s))}
     assert rows == {"local": 2.0, "remote": 1.0, "unknown": 1.0}
-    rows = {a["hostagent.numa.locality"]: v for v, a in numa_rows(counters(oncpu_ns=2 * s))}
+    rows = {a["hostagent.numa.locality"]: v for v, a in numa_rows(Counters(oncpu_ns=2 * s))}
     assert rows == {"unknown": 2.0}
-    assert numa_rows(counters()) == []
+    assert numa_rows(Counters()) == []
 
 
 def test_exported_locality_never_goes_backwards(tmp_path):
@@ -113,7 +106,7 @@ def test_exported_locality_never_goes_backwards(tmp_path):
     (inst,) = [i for i in procs.instruments() if i.name == "hostagent.process.numa.cpu.time"]
 
     def local_after(homed, remote):
-        procs.set_rows({10: (attrs, counters(oncpu_ns=homed, oncpu_homed_ns=homed, oncpu_remote_ns=remote))}, {})
+        procs.set_rows({10: (attrs, Counters(oncpu_ns=homed, oncpu_homed_ns=homed, oncpu_remote_ns=remote))}, {})
         return {a["hostagent.numa.locality"]: v for v, a in inst.read()}["local"]
 
     assert local_after(7_000, 1_000) == 6e-6  # torn: homed has the slice, remote not yet
