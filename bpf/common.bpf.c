@@ -106,8 +106,8 @@ BPF_HASH(tgid_state, u32, struct mcp_tgid_state, MCP_MAX_PROCS);
 BPF_HASH(proc_stats, u32, struct mcp_counters, MCP_MAX_PROCS);
 BPF_HASH(watch_tgid, u32, u8, MCP_MAX_PROCS);
 BPF_TABLE("lru_hash", u32, struct mcp_offcpu, offcpu_start, MCP_MAX_THREADS);
-/* switch-in time of a traced thread (0 while it is off a CPU) */
-BPF_TABLE("lru_hash", u32, u64, oncpu_start, MCP_MAX_THREADS);
+/* the thread on each CPU and its switch-in (or last slice split) time: requests.bpf.c slice_take */
+BPF_PERCPU_ARRAY(cpu_run, struct mcp_cpu_run, 1);
 /* tgid -> the NUMA node of its GPUs, written by the agent (agent/numa) for processes whose GPUs
  * share one node; absent: no home, its on-CPU time counts in oncpu_ns only */
 BPF_HASH(numa_home, u32, u32, MCP_MAX_PROCS);

@@ -134,6 +134,13 @@ struct mcp_offcpu {
 	__u64 woken_ns;        /* sched_wakeup of the sleeping thread, 0 before it */
 };
 
+/* Per CPU: the thread running there since ts_ns (sched_switch; a request's edge restarts it) */
+struct mcp_cpu_run {
+	__u64 ts_ns;
+	__u32 tid;
+	__u32 pad;
+};
+
 /* ---- ring buffer records: every record starts with the common header ---- */
 enum mcp_event_type {
 	MCP_EV_REQ_BEGIN = 1,
@@ -265,6 +272,7 @@ enum mcp_stat {
 	MCP_STAT_HTTP_CONN_FULL,   /* HTTP connection not followed: map http_conn full */
 	MCP_STAT_HTTP_RATE,        /* HTTP request not followed: its process over its begins per second */
 	MCP_STAT_HTTP_ARGS_FULL,   /* socket syscall not followed: map http_args full */
+	MCP_STAT_SWITCH_IN_UNSEEN, /* a traced thread's slice whose switch-in sched_switch did not see: counted from the CPU's last switch */
 	MCP_STAT_MAX,
 };
 

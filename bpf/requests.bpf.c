@@ -12,23 +12,33 @@ struct mcp_slice {
 	u64 ns, homed, remote;
 };
 
-/* The on-CPU slice that prev ends now, split by NUMA locality. At sched_switch the CPU is still
- * the one prev ran on, and a task does not migrate while running: one node for the whole slice.
- * Slices that began before the thread was traced (no switch-in time) are not counted. */
-static __always_inline u64 *slice_end(u32 tid, u32 tgid, u64 now, struct mcp_slice *sl)
+/* The slice the thread running on this CPU has had so far, split by NUMA locality, and the slot
+ * restarted at now. At sched_switch the CPU is still the one prev ran on, and a task does not
+ * migrate while running: one node for the whole slice. The slot is per CPU, not per thread, so a
+ * thread traced mid-slice still has its start. Its switch-in not seen (the slot names another
+ * thread): the kernel switched to it without sched:sched_switch, which on the sandboxes' kernels
+ * happens after threads hidden from tracing; the slice counts from the CPU's last switch, an upper
+ * bound (the hidden thread's time), and is counted in MCP_STAT_SWITCH_IN_UNSEEN. 0: no slice (the
+ * slot not yet written by sched_switch, so with that probe off nothing counts wall time as CPU time). */
+static __always_inline int slice_take(u32 tid, u32 tgid, u64 now, struct mcp_slice *sl)
 {
-	u64 *on = oncpu_start.lookup(&tid);
-	if (!on || !*on || *on > now)
+	int z = 0;
+	struct mcp_cpu_run *r = cpu_run.lookup(&z);
+	if (!r || !r->ts_ns || r->ts_ns > now)
 		return 0;
-	sl->ns = now - *on;
-	*on = 0;
+	int unseen = r->tid != tid;
+	sl->ns = now - r->ts_ns;
+	r->ts_ns = now;
+	r->tid = tid;
+	if (unseen)
+		stat_inc(MCP_STAT_SWITCH_IN_UNSEEN);
 	u32 *home = numa_home.lookup(&tgid);
 	if (home) {
 		sl->homed = sl->ns;
 		if (bpf_get_numa_node_id() != *home)
 			sl->remote = sl->ns;
 	}
-	return on;
+	return 1 + unseen;
 }
 
 /* A thread's own counters (its request's, its thread_stats entry): written only in its context */
@@ -37,17 +47,6 @@ static __always_inline void slice_add(struct mcp_counters *c, struct mcp_slice *
 	c->oncpu_ns += sl->ns;
 	c->oncpu_homed_ns += sl->homed;
 	c->oncpu_remote_ns += sl->remote;
-}
-
-/* The thread's slice starts now: in place where it has an entry (an update of an existing key
- * would take a new element from the LRU each time) */
-static __always_inline void slice_start(u32 tid, u64 now)
-{
-	u64 *on = oncpu_start.lookup(&tid);
-	if (on)
-		*on = now;
-	else
-		oncpu_start.update(&tid, &now);
 }
 
 /* Shared by the process's threads on other CPUs: atomic, and only the adds that change anything */
@@ -64,14 +63,11 @@ static __always_inline void proc_oncpu(struct mcp_counters *c, struct mcp_slice 
 
 /* A request's edge on a running thread: the slice so far goes to the counters (the request's too,
  * when st), and the rest of it starts now. Without it a request that never switches out (a CUDA
- * sync spins by default) would count no on-CPU time, and one that begins mid-slice the time before.
- * Only a slice sched_switch started is split (a thread it has switched in while traced): with that
- * probe off, nothing here counts wall time as CPU time. */
+ * sync spins by default) would count no on-CPU time, and one that begins mid-slice the time before. */
 static __always_inline void slice_split(u32 tid, u32 tgid, u64 now, struct mcp_req_state *st)
 {
 	struct mcp_slice sl = {};
-	u64 *on = slice_end(tid, tgid, now, &sl);
-	if (!on)
+	if (!slice_take(tid, tgid, now, &sl))
 		return;
 	if (st)
 		slice_add(&st->c, &sl);
@@ -83,7 +79,6 @@ static __always_inline void slice_split(u32 tid, u32 tgid, u64 now, struct mcp_r
 		if (c)
 			slice_add(c, &sl);
 	}
-	*on = now;  /* in place (slice_start) */
 }
 
 static __always_inline void emit_end(u64 pid_tgid, u64 now, struct mcp_req_state *st, u32 reason)
@@ -312,12 +307,6 @@ static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
 			__sync_fetch_and_add(&bc->open, 1);
 	}
 
-#if MCP_PROBE_SCHED_SWITCH
-	/* The marking thread is running and now traced: if sched_switch has not started its slice yet
-	 * (its first request), it starts here, or a first request that never switches out would count
-	 * none. Only for a begin taken: a refused one leaves no start behind for a later watch to find. */
-	slice_start(tid, now);  /* where slice_split above restarted it, the same time again */
-#endif
 	u8 one = 1;
 	watch_tgid.update(&tgid, &one);
 
@@ -404,6 +393,58 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
 }
 #endif /* MCP_PROBE_PAGE_FAULTS */
 
+/* A thread's off-CPU interval, from its switch-out to end, goes to its counters (its entry goes) */
+static __always_inline void offcpu_close(u32 tid, struct mcp_offcpu *o, u64 end)
+{
+	u64 d = end > o->ts_ns ? end - o->ts_ns : 0;
+	u32 tgid = o->tgid, runnable = o->runnable, thread = o->thread;
+	u64 g = o->group;
+	/* woken after a sleep: the wait from the wake-up to end was on a run queue */
+	u64 w = o->woken_ns && o->woken_ns <= end ? end - o->woken_ns : 0;
+	u64 woke = o->woken_ns != 0;
+	offcpu_start.delete(&tid);
+	if (thread) {
+		struct mcp_counters *t = thread_stats.lookup(&tid);
+		if (t) {
+			t->offcpu_ns += d;
+			if (runnable)
+				t->offcpu_runnable_ns += d;
+			t->wakeup_wait_ns += w;
+			t->wakeups += woke;
+		}
+	}
+	if (g) {
+		struct mcp_counters *t = group_stats.lookup(&g);
+		if (t) {
+			__sync_fetch_and_add(&t->offcpu_ns, d);
+			if (runnable)
+				__sync_fetch_and_add(&t->offcpu_runnable_ns, d);
+			if (woke) {
+				__sync_fetch_and_add(&t->wakeup_wait_ns, w);
+				__sync_fetch_and_add(&t->wakeups, 1);
+			}
+		}
+	}
+	struct mcp_req_state *st = req_by_tid.lookup(&tid);
+	if (st) {
+		st->c.offcpu_ns += d;
+		if (runnable)
+			st->c.offcpu_runnable_ns += d;
+		st->c.wakeup_wait_ns += w;
+		st->c.wakeups += woke;
+	}
+	struct mcp_counters *c = proc_stats.lookup(&tgid);
+	if (c) {
+		__sync_fetch_and_add(&c->offcpu_ns, d);
+		if (runnable)
+			__sync_fetch_and_add(&c->offcpu_runnable_ns, d);
+		if (woke) {
+			__sync_fetch_and_add(&c->wakeup_wait_ns, w);
+			__sync_fetch_and_add(&c->wakeups, 1);
+		}
+	}
+}
+
 #if MCP_PROBE_SCHED_SWITCH
 TRACEPOINT_PROBE(sched, sched_switch)
 {
@@ -413,6 +454,11 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	u32 prev = args->prev_pid, next = args->next_pid;
 	long state = args->prev_state;
 	int voluntary = state != 0 && !(state & MCP_TASK_REPORT_MAX);
+	int dying = (state & (MCP_EXIT_DEAD | MCP_EXIT_ZOMBIE)) && !(state & MCP_TASK_REPORT_MAX);
+	int z = 0;
+	struct mcp_cpu_run *r = cpu_run.lookup(&z);
+	if (!r)
+		return 0;
 
 	if (prev != 0) {
 		struct mcp_req_state *st = req_by_tid.lookup(&prev);
@@ -422,8 +468,13 @@ TRACEPOINT_PROBE(sched, sched_switch)
 		int traced = st != 0;
 		asm volatile("" : "+r"(w), "+r"(traced));
 		struct mcp_slice sl = {};
-		if (traced || w)
-			slice_end(prev, prev_tgid, now, &sl);
+		if ((traced || w) && !dying && slice_take(prev, prev_tgid, now, &sl) == 2) {
+			/* its switch-in not seen (slice_take): the off-CPU interval before it is still open,
+			 * and ended no later than this CPU's previous switch */
+			struct mcp_offcpu *o = offcpu_start.lookup(&prev);
+			if (o)
+				offcpu_close(prev, o, now - sl.ns);
+		}
 		if (st) {
 			if (voluntary)
 				st->c.vcsw++;
@@ -459,11 +510,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
 					__sync_fetch_and_add(&c->ivcsw, 1);
 			}
 		}
-		if (state & (MCP_EXIT_DEAD | MCP_EXIT_ZOMBIE) && !(state & MCP_TASK_REPORT_MAX)) {
-			/* its last switch: a switch-in after sched_process_exit (closing its files) may
-			 * have made its entry again, which a reused tid would otherwise find */
-			oncpu_start.delete(&prev);
-		} else if (st || w || g) {
+		if (!dying && (st || w || g)) {
 			struct mcp_offcpu o = {.ts_ns = now, .tgid = prev_tgid, .runnable = !voluntary, .group = g,
 					       .thread = w};
 			offcpu_start.update(&prev, &o);
@@ -471,58 +518,12 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	}
 	if (next != 0) {
 		struct mcp_offcpu *o = offcpu_start.lookup(&next);
-		if (o) {
-			u64 d = now - o->ts_ns;
-			u32 tgid = o->tgid, runnable = o->runnable, thread = o->thread;
-			u64 g = o->group;
-			/* woken after a sleep: the wait from the wake-up to now was on a run queue */
-			u64 w = o->woken_ns && o->woken_ns <= now ? now - o->woken_ns : 0;
-			u64 woke = o->woken_ns != 0;
-			offcpu_start.delete(&next);
-			if (thread) {
-				struct mcp_counters *t = thread_stats.lookup(&next);
-				if (t) {
-					t->offcpu_ns += d;
-					if (runnable)
-						t->offcpu_runnable_ns += d;
-					t->wakeup_wait_ns += w;
-					t->wakeups += woke;
-				}
-			}
-			if (g) {
-				struct mcp_counters *t = group_stats.lookup(&g);
-				if (t) {
-					__sync_fetch_and_add(&t->offcpu_ns, d);
-					if (runnable)
-						__sync_fetch_and_add(&t->offcpu_runnable_ns, d);
-					if (woke) {
-						__sync_fetch_and_add(&t->wakeup_wait_ns, w);
-						__sync_fetch_and_add(&t->wakeups, 1);
-					}
-				}
-			}
-			struct mcp_req_state *st = req_by_tid.lookup(&next);
-			if (st) {
-				st->c.offcpu_ns += d;
-				if (runnable)
-					st->c.offcpu_runnable_ns += d;
-				st->c.wakeup_wait_ns += w;
-				st->c.wakeups += woke;
-			}
-			if (thread || st)
-				slice_start(next, now);
-			struct mcp_counters *c = proc_stats.lookup(&tgid);
-			if (c) {
-				__sync_fetch_and_add(&c->offcpu_ns, d);
-				if (runnable)
-					__sync_fetch_and_add(&c->offcpu_runnable_ns, d);
-				if (woke) {
-					__sync_fetch_and_add(&c->wakeup_wait_ns, w);
-					__sync_fetch_and_add(&c->wakeups, 1);
-				}
-			}
-		}
+		if (o)
+			offcpu_close(next, o, now);
 	}
+	/* next runs from now on this CPU (slice_take) */
+	r->ts_ns = now;
+	r->tid = next;
 	return 0;
 }
 #endif /* MCP_PROBE_SCHED_SWITCH */
@@ -576,7 +577,6 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 		close_request(tid, tgid);
 	}
 	offcpu_start.delete(&tid);
-	oncpu_start.delete(&tid);
 	thread_stats.delete(&tid);
 	if (tid != tgid)
 		return 0;

@@ -48,6 +48,10 @@ class AgentHealth:
                                      (self.user_lost, {"hostagent.where": "user"})]),
             Instrument("hostagent.agent.records.rejected", "counter", "{record}", description="markers and records rejected, by reason",
                        read=lambda: [(v, {"hostagent.reason": k}) for k, v in self.all_rejected().items()]),
+            Instrument("hostagent.agent.sched.switch_in_unseen", "counter", "{slice}",
+                       description="on-CPU slices of traced threads whose switch-in sched:sched_switch did not "
+                                   "report: timed from the CPU's last reported switch (an upper bound)",
+                       read=lambda: [(self.kernel_stats.get("switch_in_unseen", 0), {})]),
             Instrument("hostagent.agent.errors", "counter", "{error}",
                        description="failures the agent caught and survived, by where (a tick step, a map write)",
                        read=lambda: [(v, {"hostagent.where": k}) for k, v in sorted(dict(self.errors).items())]),

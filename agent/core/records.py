@@ -171,7 +171,8 @@ KERNEL_STATS = {
     if name.startswith("MCP_STAT_") and name != "MCP_STAT_MAX"
 }
 # Stats that count activity, not a record lost or refused: kept out of hostagent.agent.records.rejected.
-ACTIVITY_STATS = frozenset({"rb_lost", "rb_req_lost", "rb_http_lost", "cu_launch_hits", "cu_auto_watch"})
+ACTIVITY_STATS = frozenset({"rb_lost", "rb_req_lost", "rb_http_lost", "cu_launch_hits", "cu_auto_watch",
+                            "switch_in_unseen"})
 
 
 # ---- CUDA driver calls and NVIDIA ioctls (bpf/cuda.bpf.c, agent/cuda/capability.py) ----

@@ -81,7 +81,7 @@ def test_local_home_all_time_local_and_equal_to_schedstat(agent, gpu_child):
     numa = agent.agent.numa  # its own node_of: this machine's sysfs, one node
     wait_home(agent, gpu_child.pid, min(numa.nodes))
     (on, homed, remote), kernel = measure(agent, gpu_child, "spin 300")
-    assert on >= 250 * MS, (on, kernel)
+    assert kernel >= 20 * MS, kernel  # the spin ran (on two busy CPUs it may get a third of its 300 ms)
     assert close_to(on, kernel), (on, kernel)
     assert homed == on and remote == 0, (on, homed, remote)
 
@@ -95,11 +95,15 @@ def test_a_request_that_never_switches_out_counts_its_cpu_time(agent, gpu_child)
     v0, n0 = gpu_child.switches()
     e0 = exec_ns(gpu_child.pid)
     gpu_child.do("busy 507 150")
+    settle(gpu_child)  # off the CPU: its schedstat has the last slice (a running task's lags a tick)
     e1 = exec_ns(gpu_child.pid)
     v1, n1 = gpu_child.switches()
     (span,) = agent.wait_spans(1, **{"process.pid": gpu_child.pid, "hostagent.request.id": f"{507:016x}"})
     a = span.attributes
-    assert 0.149 <= a["hostagent.oncpu.time"] <= (e1 - e0) / 1e9, (a["hostagent.oncpu.time"], e1 - e0)
+    # the kernel's CPU time for the step: the request's own, less what it was preempted for, plus the
+    # command's handling and settle's sleeps around it (within close_to's slack)
+    oncpu = round(a["hostagent.oncpu.time"] * 1e9)
+    assert e1 - e0 >= 20 * MS and oncpu <= e1 - e0 + MS and close_to(oncpu, e1 - e0), (oncpu, e1 - e0)
     assert a["hostagent.numa.remote.ratio"] == 0.0 and a["hostagent.numa.home_node"] == min(numa.nodes)
     # the request's own context switches: none (or a preemption or two on a busy CI machine)
     assert a["hostagent.context_switches.voluntary"] == 0, dict(a)
@@ -111,9 +115,14 @@ def test_a_processs_first_request_counts_its_cpu_time(agent):
     (no switch-in seen), and the marker starts the slice."""
     c = Child()
     try:
+        c.do("spin 1")  # up (its interpreter's start-up is not in the measure), not traced: no marker yet
+        e0 = exec_ns(c.pid)
         c.do("busy 508 100")
+        settle(c)
+        e1 = exec_ns(c.pid)
         (span,) = agent.wait_spans(1, **{"process.pid": c.pid, "hostagent.request.id": f"{508:016x}"})
-        assert 0.099 <= span.attributes["hostagent.oncpu.time"] <= 0.2, dict(span.attributes)
+        oncpu = round(span.attributes["hostagent.oncpu.time"] * 1e9)
+        assert e1 - e0 >= 20 * MS and oncpu <= e1 - e0 + MS and close_to(oncpu, e1 - e0), (oncpu, e1 - e0)
     finally:
         c.close()
 
@@ -128,12 +137,17 @@ def test_a_home_on_another_node_makes_all_time_remote(agent, gpu_child, monkeypa
     assert close_to(on, kernel), (on, kernel)
     assert homed == on and remote == on, (on, homed, remote)
     # and a request's span says so, with the home it was measured against
+    settle(gpu_child)
+    e0 = exec_ns(gpu_child.pid)
     gpu_child.do(f"begin 502 {TP}", "spin 200", "sleep 5 1", "spin 100", "end 502")
+    settle(gpu_child)
+    e1 = exec_ns(gpu_child.pid)
     (span,) = agent.wait_spans(1, **{"process.pid": gpu_child.pid, "hostagent.request.id": f"{502:016x}"})
     a = span.attributes
     assert a["hostagent.numa.home_node"] == elsewhere
     assert a["hostagent.numa.remote.ratio"] == 1.0
-    assert 0.28 <= a["hostagent.oncpu.time"] <= 0.4, a["hostagent.oncpu.time"]
+    oncpu = round(a["hostagent.oncpu.time"] * 1e9)  # the steps' CPU time less their handshakes
+    assert e1 - e0 >= 20 * MS and oncpu <= e1 - e0 + MS and close_to(oncpu, e1 - e0), (oncpu, e1 - e0)
     assert a["hostagent.numa.remote.time"] == a["hostagent.oncpu.time"]
 
 
@@ -145,9 +159,14 @@ def test_without_a_home_time_is_counted_and_locality_left_unknown(agent, child):
     (on, homed, remote), kernel = measure(agent, child, "spin 200")
     assert close_to(on, kernel), (on, kernel)
     assert homed == 0 and remote == 0
+    settle(child)
+    e0 = exec_ns(child.pid)
     child.do(f"begin 504 {TP}", "spin 100", "end 504")
+    settle(child)
+    e1 = exec_ns(child.pid)
     (span,) = agent.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{504:016x}"})
-    assert span.attributes["hostagent.oncpu.time"] >= 0.09
+    oncpu = round(span.attributes["hostagent.oncpu.time"] * 1e9)
+    assert e1 - e0 >= 20 * MS and oncpu <= e1 - e0 + MS and close_to(oncpu, e1 - e0), (oncpu, e1 - e0)
     assert not [k for k in span.attributes if k.startswith("hostagent.numa.")], dict(span.attributes)
     agent.agent._read_maps()
     from mcp_hostagent.core.processes import numa_rows
@@ -173,3 +192,38 @@ def test_homes_follow_nvmls_list_and_the_process_exit(agent, monkeypatch):
     finally:
         a.close()
         b.close()
+
+
+def test_a_switch_in_not_seen_is_counted_and_its_slice_kept(agent, child):
+    """A switch sched_switch never reports (this VM's kernel emits none when the thread switching out
+    is one of its init's, hidden from tracing) leaves the CPU's slot naming another thread. Made
+    here by renaming the slot's thread while the child spins, its switch-in time kept: each of the
+    child's next switch-outs finds a slot not its own, counts switch_in_unseen, and still counts
+    its slice from the CPU's last switch, so nothing is lost against schedstat."""
+    child.do("begin 509", "end 509")
+    agent.wait_spans(1, **{"process.pid": child.pid})
+    slots = agent.agent.bpf[b"cpu_run"]
+    key = ctypes.c_int(0)
+
+    def unseen() -> int:
+        agent.agent._read_maps()
+        return agent.agent.health.kernel_stats.get("switch_in_unseen", 0)
+
+    settle(child)
+    u0, c0, e0 = unseen(), proc(agent, child.pid), exec_ns(child.pid)
+    child.p.stdin.write("spin 300\n")
+    child.p.stdin.flush()
+    deadline = time.monotonic() + 0.25
+    while time.monotonic() < deadline:
+        v = slots[key]
+        for s in v:
+            if s.tid == child.pid:
+                s.tid = 0x7FFFFFF0  # no such thread (pid_max is at most 2^22)
+        slots[key] = v
+        time.sleep(0.02)
+    assert child.p.stdout.readline().strip() == "ok"
+    settle(child)
+    u1, c1, e1 = unseen(), proc(agent, child.pid), exec_ns(child.pid)
+    assert u1 > u0
+    on = c1[0] - c0[0]
+    assert e1 - e0 >= 20 * MS and close_to(on, e1 - e0), (on, e1 - e0)

@@ -401,7 +401,7 @@ def per_pid_state(agent, pids: set[int]) -> dict[str, set[int]]:
     for name, keys in py.items():
         out[name] = keys & pids
     maps = {"proc_stats": "value", "watch_tgid": "value", "tgid_state": "value", "req_by_tid": "value",
-            "offcpu_start": "value", "oncpu_start": "value", "numa_home": "value", "reclaim_by_tgid": "value", "cu_thread": "value", "nv_ioctl_start": "value",
+            "offcpu_start": "value", "numa_home": "value", "reclaim_by_tgid": "value", "cu_thread": "value", "nv_ioctl_start": "value",
             "cu_exec": "value", "cu_pending": "tid", "cu_hist": "tgid", "nv_fds": "tgid", "nv_cmd": "tgid"}
     for name, attr in maps.items():
         try:
