@@ -482,6 +482,12 @@ class CudaProbes:
         # the calibration's own hits (rounds x calls, at the weight) are in the host-wide launch count:
         # the next control window starts after them, or they would read as an unwatched process's rate
         self._ctl_prev = None
+        # so a new charged cost applies now, from the last rate estimate: the first complete window can
+        # be 2 x 3 x weight x slice away (H200, toggled run: the cost rose 652 -> 1,079 ns and the weight
+        # stayed 18 where 29 keeps the budget)
+        if self.rates and self.governor:
+            self._set_weights(gov.plan_weights(self._steering(), self.calibration.cost_ns, self._budget(),
+                                               self.weights), time.monotonic())
 
     # ---- NVIDIA fds ----
     def _device_id(self, path: str) -> int:

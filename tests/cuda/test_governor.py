@@ -284,3 +284,36 @@ def test_charged_cost_is_the_highest_of_the_last_calibrations():
     history = [2000.0] + [500.0] * gov.CALIBRATIONS_KEPT
     assert gov.charged_cost(history) == 500.0  # the high one is older than the last CALIBRATIONS_KEPT
     assert gov.charged_cost(history[:-1]) == 2000.0
+
+
+def test_a_recalibration_applies_its_cost_to_the_weights_at_once(monkeypatch):
+    """The H200's figures (tests/fixtures/cuda/h200_toggled_overhead_long.json, gov_start / gov_end):
+    129,350 launches/s at 651.7 ns a hit -> weight 18 at the default budget; the charged cost then
+    rose to 1,078.9 ns, which needs 29, while the weight stayed 18 until a control window completed
+    (none did in that run: each resumed window was shorter than one). No kernel: CudaProbes with the
+    probe-state tests' stand-in bcc object, the calibration replaced."""
+    from test_probe_states import FakeBpf, add_library, cuda_probes
+    from mcp_hostagent.cuda import capability as cap
+    from mcp_hostagent.cuda.calibrate import Calibration
+
+    class Config(dict):  # cu_config as _set_cfg writes it: ctypes keys and values
+        def __setitem__(self, k, v):
+            super().__setitem__(k.value, v.value)
+
+    cfg = Config()
+    monkeypatch.setattr(FakeBpf, "__getitem__", lambda self, name: cfg, raising=False)
+    cp, _ = cuda_probes(attaching=True)
+    add_library(cp, "attached")
+    lib_ = next(iter(cp.libs.values()))
+    costs = iter([651.7, 1078.9])
+    monkeypatch.setattr(cap, "calibrate_standin", lambda *a, **k: Calibration(next(costs), 0.0, "stand-in", 11))
+    cp.budget, cp.attach_s, cp.slice_s = 0.005, 0.0031, 0.2
+    cp._fds = {778: {}}  # a GPU user: it steers
+    cp.rates = {778: {f: (129350.1 if f == "cu_launch" else 0.0) for f in gov.LAUNCH_FIELDS}}
+    cp._calibrate(lib_)
+    assert cp.weights["cu_launch"] == 18, cp.weights
+    cp._calibrate(lib_)
+    assert cp.calibration.cost_ns == 1078.9
+    assert cp.weights["cu_launch"] == 29, cp.weights
+    assert cp.weights["cu_launch_ex"] == 1  # not called: exact
+    assert cfg[cap.LAUNCH_CFG["cu_launch"]] == 29  # and the kernel's copy, which scales the hits
