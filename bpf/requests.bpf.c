@@ -393,6 +393,28 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
 }
 #endif /* MCP_PROBE_PAGE_FAULTS */
 
+/* Off-CPU time: d ns, runnable (waiting for a CPU) or not, w ns of it after a wake-up (woke: 1) */
+static __always_inline void offcpu_add(struct mcp_counters *c, u64 d, u32 runnable, u64 w, u64 woke)
+{
+	c->offcpu_ns += d;
+	if (runnable)
+		c->offcpu_runnable_ns += d;
+	c->wakeup_wait_ns += w;
+	c->wakeups += woke;
+}
+
+/* The same to counters threads on other CPUs share (a group's, a process's): atomic */
+static __always_inline void offcpu_add_shared(struct mcp_counters *c, u64 d, u32 runnable, u64 w, u64 woke)
+{
+	__sync_fetch_and_add(&c->offcpu_ns, d);
+	if (runnable)
+		__sync_fetch_and_add(&c->offcpu_runnable_ns, d);
+	if (woke) {
+		__sync_fetch_and_add(&c->wakeup_wait_ns, w);
+		__sync_fetch_and_add(&c->wakeups, 1);
+	}
+}
+
 /* A thread's off-CPU interval, from its switch-out to end, goes to its counters (its entry goes) */
 static __always_inline void offcpu_close(u32 tid, struct mcp_offcpu *o, u64 end)
 {
@@ -403,46 +425,18 @@ static __always_inline void offcpu_close(u32 tid, struct mcp_offcpu *o, u64 end)
 	u64 w = o->woken_ns && o->woken_ns <= end ? end - o->woken_ns : 0;
 	u64 woke = o->woken_ns != 0;
 	offcpu_start.delete(&tid);
-	if (thread) {
-		struct mcp_counters *t = thread_stats.lookup(&tid);
-		if (t) {
-			t->offcpu_ns += d;
-			if (runnable)
-				t->offcpu_runnable_ns += d;
-			t->wakeup_wait_ns += w;
-			t->wakeups += woke;
-		}
-	}
-	if (g) {
-		struct mcp_counters *t = group_stats.lookup(&g);
-		if (t) {
-			__sync_fetch_and_add(&t->offcpu_ns, d);
-			if (runnable)
-				__sync_fetch_and_add(&t->offcpu_runnable_ns, d);
-			if (woke) {
-				__sync_fetch_and_add(&t->wakeup_wait_ns, w);
-				__sync_fetch_and_add(&t->wakeups, 1);
-			}
-		}
-	}
+	struct mcp_counters *c = thread ? thread_stats.lookup(&tid) : 0;
+	if (c)
+		offcpu_add(c, d, runnable, w, woke);
 	struct mcp_req_state *st = req_by_tid.lookup(&tid);
-	if (st) {
-		st->c.offcpu_ns += d;
-		if (runnable)
-			st->c.offcpu_runnable_ns += d;
-		st->c.wakeup_wait_ns += w;
-		st->c.wakeups += woke;
-	}
-	struct mcp_counters *c = proc_stats.lookup(&tgid);
-	if (c) {
-		__sync_fetch_and_add(&c->offcpu_ns, d);
-		if (runnable)
-			__sync_fetch_and_add(&c->offcpu_runnable_ns, d);
-		if (woke) {
-			__sync_fetch_and_add(&c->wakeup_wait_ns, w);
-			__sync_fetch_and_add(&c->wakeups, 1);
-		}
-	}
+	if (st)
+		offcpu_add(&st->c, d, runnable, w, woke);
+	c = g ? group_stats.lookup(&g) : 0;
+	if (c)
+		offcpu_add_shared(c, d, runnable, w, woke);
+	c = proc_stats.lookup(&tgid);
+	if (c)
+		offcpu_add_shared(c, d, runnable, w, woke);
 }
 
 #if MCP_PROBE_SCHED_SWITCH
