@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the agent's high-rate probes cost: a page-fault storm and a context-switch storm.
+"""What the agent's high-rate probes cost: a page-fault storm, a context-switch storm and a page-cache storm.
 
 Page faults (exceptions:page_fault_user runs on every user fault of the host): a child process
 (bench/loops.c `faults`, pinned to one CPU) mmaps 64 MiB anonymous with MADV_NOHUGEPAGE, writes one
@@ -13,6 +13,10 @@ Context switches (sched:sched_switch runs on every switch): two processes ping-p
 two pipes, pinned to one CPU: each round trip is two switches and nothing runs between them, the
 highest switch rate one CPU can make. (Left to the scheduler on two CPUs the pair is bimodal, now on
 one CPU, now on two with an IPI per wake-up, and its rate swings by 3x between runs here.)
+Page-cache insertions (filemap:mm_filemap_add_to_page_cache runs on every page the host's page cache
+gains): a child (bench/loops.c `pagecache`, pinned) drops a 32 MiB file beside this script from the
+cache and reads it back, over and over; pages read per second is the throughput, checked against
+/proc/self/io read_bytes. It is bound by this VM's virtual disk, so its ratios are noisier.
 
 Both agents (watch=all, watch=marked) are started once, in this process, and their tracepoints are
 attached only for the conditions that need them (see _common.ToggledAgent). Each round runs every
@@ -29,7 +33,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as c  # noqa: E402
@@ -50,6 +56,13 @@ SWITCHES = {
     "b": ("all", ("pingpong", 0, PIN_CPU)),
     "c": ("all", ("pingpong", 1, PIN_CPU)),
 }
+PAGECACHE = {
+    "a": (None, ("pagecache", "FILE", 0, PIN_CPU)),
+    "b0": ("marked", ("pagecache", "FILE", 0, PIN_CPU)),
+    "b": ("all", ("pagecache", "FILE", 0, PIN_CPU)),
+    "c": ("all", ("pagecache", "FILE", 1, PIN_CPU)),
+}
+PAGECACHE_MIB = 32
 LABELS = {
     "a": "a  no agent",
     "b0": "b0 agent, process not watched",
@@ -64,7 +77,11 @@ def run_storm(binary: str, seconds: float, args: tuple) -> dict:
     if args[0] == "faults" and not 0.98 * events <= check <= 1.05 * events:
         # the kernel's own count must agree: one minor fault per page touched, no THP
         raise RuntimeError(f"fault storm: {events:.0f} pages touched but {check:.0f} minor faults")
-    # check: faults, the kernel's minor fault count; switches, voluntary + involuntary of both processes
+    if args[0] == "pagecache" and not 0.98 * events <= check <= 1.05 * events:
+        # every page read must have come from the storage layer: dropped, not still cached
+        raise RuntimeError(f"page-cache storm: {events:.0f} pages read but {check:.0f} read from storage")
+    # check: faults, the kernel's minor fault count; switches, voluntary + involuntary of both processes;
+    # pagecache, the pages the kernel read from storage
     return {"rate": check / wall, "cpu_ns": cpu / check * 1e9, "agent_cpu_s": ph.cpu_s, "wall_s": ph.wall_s}
 
 
@@ -76,18 +93,34 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     c.require_root()
     c.ensure_project_python()
-    rounds = a.rounds or (6 if a.quick else 16)
-    fault_s = 0.12 if a.quick else 0.2
-    switch_s = 0.1 if a.quick else 0.15
     warn = c.other_load_warning()
     if warn:
         print(warn)
     binary = c.build_loops()
+    # on the checkout's filesystem (a block device): a tmpfs file has no storage to drop it to
+    scratch = tempfile.mkdtemp(prefix=".bench-pagecache-", dir=os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(scratch, "file.bin")
+    with open(path, "wb") as f:
+        f.write(os.urandom(PAGECACHE_MIB << 20))
+        os.fsync(f.fileno())
+    try:
+        return _run(a, binary, path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(a, binary: str, path: str) -> int:
+    rounds = a.rounds or (6 if a.quick else 16)
+    fault_s = 0.12 if a.quick else 0.2
+    switch_s = 0.1 if a.quick else 0.15
     print(f"bench_faults: {rounds} rounds; fault storms {fault_s}s of {MIB} MiB mmap/touch/munmap, "
-          f"ping-pong {switch_s}s; kernel {os.uname().release}")
+          f"ping-pong {switch_s}s, page-cache reads {fault_s}s of a {PAGECACHE_MIB} MiB file; "
+          f"kernel {os.uname().release}")
 
     work = [("faults", k, w, args, fault_s) for k, (w, args) in FAULTS.items()]
     work += [("switches", k, w, args, switch_s) for k, (w, args) in SWITCHES.items()]
+    work += [("pagecache", k, w, tuple(path if x == "FILE" else x for x in args), fault_s)
+             for k, (w, args) in PAGECACHE.items()]
     res: dict[tuple[str, str], list[dict]] = {}
     guard = c.Guard(10.0 if a.quick else 30.0)
     with c.ToggledAgent("all") as ag_all, c.ToggledAgent("marked") as ag_marked:
@@ -123,7 +156,8 @@ def main(argv=None) -> int:
     results = {"machine": c.machine(), "rounds": rounds, "unclean_rounds": guard.clean.count(False),
                "warning": guard.note(), "agent_sessions": stats}
     res = {k: guard.pick(v) for k, v in res.items()}
-    for kind, table, unit in (("faults", FAULTS, "fault"), ("switches", SWITCHES, "switch")):
+    for kind, table, unit in (("faults", FAULTS, "fault"), ("switches", SWITCHES, "switch"),
+                              ("pagecache", PAGECACHE, "page")):
         rows, out = [], []
         for key in table:
             base_key = "a"
@@ -151,7 +185,8 @@ def main(argv=None) -> int:
                       ["condition", f"{unit}es/s" if unit == "switch" else f"{unit}s/s", "ratio", "spread",
                        "added ns", f"CPU ns/{unit}", "added CPU ns", "spread", "agent CPU %"], rows)
     print("  agent CPU %: the agent's threads during that condition's storms, all rounds together, % of one core")
-    hot = {"faults": "exceptions:page_fault_user", "switches": "sched:sched_switch"}
+    hot = {"faults": "exceptions:page_fault_user", "switches": "sched:sched_switch",
+           "pagecache": "filemap:mm_filemap_add_to_page_cache"}
     rows = []
     results["bpf_prog_ns"] = {}
     for (kind, key), d in prog.items():
@@ -165,7 +200,7 @@ def main(argv=None) -> int:
     if guard.note():
         print(guard.note())
     results["summary"] = []
-    for kind, unit in (("faults", "faults/s"), ("switches", "switches/s")):
+    for kind, unit in (("faults", "faults/s"), ("switches", "switches/s"), ("pagecache", "pages/s")):
         rows = results[kind]
         for r in rows[1:]:
             results["summary"].append({

@@ -8,6 +8,9 @@
  *   loops flood    SECONDS                 back-to-back pairs: "pairs ns_per_pair"
  *   loops faults   SECONDS MIB MARK CPU    mmap/touch/munmap storm: "pages seconds minflt cpu_seconds"
  *   loops pingpong SECONDS MARK CPU        two processes through pipes: "roundtrips seconds switches cpu_seconds"
+ *   loops pagecache SECONDS PATH MARK CPU  PATH dropped from the page cache (fadvise DONTNEED) and read
+ *                                          again, over and over: "pages seconds read_pages cpu_seconds"
+ *                                          (read_pages: /proc/self/io read_bytes / page, the kernel's count)
  *   loops rw       BATCH NBATCH            ns per write()+read() of 64 bytes through a socketpair, per batch
  *                                          (four socket syscall tracepoints of the zero-code HTTP probes)
  *
@@ -20,6 +23,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -188,6 +192,58 @@ static int cmd_faults(double seconds, long mib, int marked, int cpu)
 	return 0;
 }
 
+static long io_read_bytes(void)
+{
+	char line[128];
+	long v = -1;
+	FILE *f = fopen("/proc/self/io", "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "read_bytes: %ld", &v) == 1)
+			break;
+	fclose(f);
+	return v;
+}
+
+/* Page-cache insertions at the rate the storage under PATH gives them: each pass drops the clean
+ * file's pages and reads it back (readahead inserts them in this task's context). */
+static int cmd_pagecache(double seconds, const char *path, int marked, int cpu)
+{
+	static char buf[1 << 20];
+	long page = sysconf(_SC_PAGESIZE), pages = 0, r0;
+	uint64_t id = req_id(), t0, t1, end;
+	double c0;
+	ssize_t n;
+	int fd = open(path, O_RDONLY);
+
+	if (fd < 0)
+		return perror(path), 1;
+	if (pin(cpu))
+		return 1;
+	if (marked)
+		mark(MCP_OP_BEGIN, id);
+	r0 = io_read_bytes();
+	c0 = cpu_s(RUSAGE_SELF);
+	t0 = now_ns();
+	end = t0 + (uint64_t)(seconds * 1e9);
+	do {
+		posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+		for (off_t off = 0; (n = pread(fd, buf, sizeof(buf), off)) > 0; off += n)
+			pages += n / page;
+		if (n < 0)
+			return perror("pread"), 1;
+		t1 = now_ns();
+	} while (t1 < end);
+	r0 = io_read_bytes() - r0;
+	c0 = cpu_s(RUSAGE_SELF) - c0;
+	if (marked)
+		mark(MCP_OP_END, id);
+	close(fd);
+	printf("%ld %.6f %ld %.6f\n", pages, (t1 - t0) / 1e9, r0 / page, c0);
+	return 0;
+}
+
 static long switches(int who)
 {
 	struct rusage ru;
@@ -279,6 +335,8 @@ int main(int argc, char **argv)
 		return cmd_faults(atof(argv[2]), atol(argv[3]), atoi(argv[4]), atoi(argv[5]));
 	if (argc >= 4 && !strcmp(argv[1], "rw"))
 		return cmd_rw(atol(argv[2]), atol(argv[3]));
+	if (argc >= 6 && !strcmp(argv[1], "pagecache"))
+		return cmd_pagecache(atof(argv[2]), argv[3], atoi(argv[4]), atoi(argv[5]));
 	if (argc >= 5 && !strcmp(argv[1], "pingpong"))
 		return cmd_pingpong(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
 	fprintf(stderr, "usage: see the comment at the top of bench/loops.c\n");

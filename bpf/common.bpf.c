@@ -4,7 +4,8 @@
  *
  * Settings arrive as -D cflags from agent/core/loader.py: MCP_MAX_OPEN_PER_PID, MCP_MAX_BEGINS_PER_S,
  * the owner budgets MCP_{MAX_BEGINS_PER_S,MAX_OPEN,MAX_PROCS}_{UID,CGROUP} and MCP_MARK_RESTRICT,
- * MCP_WATCH_ALL, MCP_REQ_RINGBUF_PAGES, MCP_RINGBUF_PAGES, MCP_MAX_THREADS, MCP_MAX_PROCS, MCP_STALL_THRESHOLD_NS, and
+ * MCP_WATCH_ALL, MCP_REQ_RINGBUF_PAGES, MCP_RINGBUF_PAGES, MCP_MAX_THREADS, MCP_MAX_PROCS, MCP_STALL_THRESHOLD_NS,
+ * MCP_PAGE_SIZE and MCP_FILEMAP_ORDER (agent/requests/capability.py), and
  * MCP_PROBE_<NAME>=1 for each probe whose hook this kernel has (bcc needs a tracepoint's format to
  * compile its probe).
  */
@@ -82,6 +83,12 @@ static long (*mcp_read_kernel)(void *dst, u32 size, const void *src) = (void *)B
 #define MCP_GROUP_TREE 0
 #endif
 #define MCP_TREE_GROUP (1ULL << 62)  /* a tree group's key: this bit | the root's tgid (cgroup ids are inode numbers, far below) */
+#ifndef MCP_PAGE_SIZE
+#define MCP_PAGE_SIZE 4096
+#endif
+#ifndef MCP_FILEMAP_ORDER
+#define MCP_FILEMAP_ORDER 0  /* 1: filemap:mm_filemap_add_to_page_cache has an order field */
+#endif
 #ifndef MCP_HTTP_RINGBUF_PAGES
 #define MCP_HTTP_RINGBUF_PAGES 512
 #endif

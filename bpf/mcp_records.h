@@ -72,6 +72,8 @@ struct mcp_counters {
 	__u64 oncpu_ns;
 	__u64 oncpu_homed_ns;    /* the part while the process had a home node (map numa_home: its GPUs' node) */
 	__u64 oncpu_remote_ns;   /* the part of that on a CPU of another node (bpf_get_numa_node_id()) */
+	/* requests.bpf.c, appended */
+	__u64 pagecache_added_bytes; /* filemap:mm_filemap_add_to_page_cache in the thread's context */
 };
 
 /* per-thread state of an open request (map req_by_tid) */

@@ -393,6 +393,41 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
 }
 #endif /* MCP_PROBE_PAGE_FAULTS */
 
+#if MCP_PROBE_PAGE_CACHE
+/* A folio added to the page cache, in the context of the task that needed it (mm/filemap.c
+ * __filemap_add_folio()): a read, readahead or file-mapping fault the cache missed, which the storage
+ * layer then fills (a model loading from disk), or a new page of a buffered write. Every insertion
+ * on the host passes here: two lookups for threads not followed. */
+TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	u32 tid = (u32)pid_tgid, tgid = pid_tgid >> 32;
+#if MCP_FILEMAP_ORDER
+	u64 bytes = (u64)MCP_PAGE_SIZE << (args->order & 31);
+#else
+	u64 bytes = MCP_PAGE_SIZE;
+#endif
+	struct mcp_req_state *st = req_by_tid.lookup(&tid);
+	if (st)
+		st->c.pagecache_added_bytes += bytes;
+	if (watched(tgid)) {
+		struct mcp_counters *c = proc_counters(tgid);
+		if (c)
+			__sync_fetch_and_add(&c->pagecache_added_bytes, bytes);
+		c = thread_counters(tid);
+		if (c)
+			c->pagecache_added_bytes += bytes;
+	}
+	u64 g = serving_group();
+	if (g) {
+		struct mcp_counters *c = group_stats.lookup(&g);
+		if (c)
+			__sync_fetch_and_add(&c->pagecache_added_bytes, bytes);
+	}
+	return 0;
+}
+#endif /* MCP_PROBE_PAGE_CACHE */
+
 /* Off-CPU time: d ns, runnable (waiting for a CPU) or not, w ns of it after a wake-up (woke: 1) */
 static __always_inline void offcpu_add(struct mcp_counters *c, u64 d, u32 runnable, u64 w, u64 woke)
 {

@@ -15,7 +15,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -71,6 +71,10 @@ class CgroupInfo:
 
     v2_path: str | None = None
     v1_paths: dict[str, str] = field(default_factory=dict)
+    # read from an exiting task (PF_EXITING): its v1 lines then say "/" whatever its cgroup was
+    # (kernel/cgroup/cgroup.c proc_cgroup_show(): "on traditional hierarchies, all zombie tasks show
+    # up as belonging to the root cgroup"); the v2 line stays true
+    exiting: bool = False
 
     def paths(self) -> list[str]:
         """Distinct paths in the order container detection tries them: v2, v1 memory, cpu, the rest."""
@@ -169,6 +173,9 @@ def _is_under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+PF_EXITING = 0x4  # include/linux/sched.h: set at the start of do_exit()
+
+
 class CgroupResolver:
     """cgroup v2 id (what bpf_get_current_cgroup_id() returns) -> cgroup path; pid -> CgroupInfo.
 
@@ -203,9 +210,15 @@ class CgroupResolver:
     def for_pid(self, pid: int) -> CgroupInfo | None:
         try:
             with open(f"{self._proc_root}/{pid}/cgroup", encoding="utf-8", errors="surrogateescape") as f:
-                return parse_proc_cgroup(f.read())
+                info = parse_proc_cgroup(f.read())
         except OSError:  # ENOENT or ESRCH: the process is gone
             return None
+        try:
+            with open(f"{self._proc_root}/{pid}/stat", "rb") as f:
+                flags = int(f.read().rsplit(b")", 1)[1].split()[6])  # field 9
+        except (OSError, ValueError, IndexError):  # gone since: the lines above were read before
+            flags = 0
+        return replace(info, exiting=True) if flags & PF_EXITING else info
 
     def v2_dir(self, path: str) -> str | None:
         """Directory of a cgroup v2 path (as /proc/PID/cgroup shows it) under the cgroup2 mount."""
@@ -271,6 +284,7 @@ class ProcessInfo:
     container_id: str | None = None
     pod_uid: str | None = None
     container_runtime: str | None = None
+    cgroup: CgroupInfo | None = None  # as read when described (a live process's, unless it was exiting)
 
 
 _PSUTIL_ROOT_LOCK = threading.Lock()
@@ -350,6 +364,10 @@ class ProcessRegistry:
     def forget(self, pid: int) -> None:
         self._cache.pop(pid, None)
 
+    def cached(self, pid: int) -> ProcessInfo | None:
+        """The description kept for pid, if any (no /proc read: the process may be gone)."""
+        return self._cache.get(pid)
+
     def _describe(self, proc: psutil.Process, start_ns: int) -> ProcessInfo:
         with proc.oneshot():
             comm = sanitize_text(proc.name())
@@ -370,6 +388,7 @@ class ProcessRegistry:
             container_id=container.container_id if container else None,
             pod_uid=container.pod_uid if container else None,
             container_runtime=container.runtime if container else None,
+            cgroup=cgroup,
         )
 
     @staticmethod

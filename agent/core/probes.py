@@ -76,6 +76,10 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("sched_wakeup", "sched:sched_wakeup", "requests.bpf.c",
               "run-queue latency: wake-up to running, per request, process and serving group",
               "needs tracepoints (CONFIG_TRACEPOINTS)"),
+    ProbeSpec("page_cache", "filemap:mm_filemap_add_to_page_cache", "requests.bpf.c",
+              "bytes added to the page cache per request and process: reads and file faults the cache missed"
+              " (a model loading from disk), and new pages of buffered writes",
+              "needs the filemap events (CONFIG_TRACEPOINTS)"),
     ProbeSpec("group_fork", "sched:sched_process_fork", "requests.bpf.c",
               "requests.group = tree: processes forked in a serving tree join its group",
               "needs tracepoints (CONFIG_TRACEPOINTS)"),

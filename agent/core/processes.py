@@ -182,6 +182,10 @@ class Processes:
             Instrument("process.disk.io", "counter", "By",
                        "bytes the process made the storage layer read and write since it started (/proc/PID/io): "
                        "a model loading from disk, where page cache hits count nothing", self._io_rows),
+            Instrument("hostagent.process.page_cache.added", "counter", "By",
+                       "bytes the process's threads added to the page cache (filemap:mm_filemap_add_to_page_cache): "
+                       "reads and file faults the cache missed, readahead included, and new pages of buffered writes",
+                       p(lambda c: [(c.pagecache_added_bytes, {})])),
             Instrument("hostagent.process.reclaim.stall.time", "counter", "s",
                        "time the process's threads stalled in reclaim",
                        p(lambda c: [(c.direct_reclaim_ns / 1e9, {"hostagent.reclaim.kind": "direct"}),

@@ -65,7 +65,7 @@ class Counters(ctypes.Structure):
         "cu_ctx_ops", "cu_ctx_ns", "cu_syncs", "cu_sync_ns", "cu_allocs", "cu_alloc_ns", "cu_frees",
         "cu_free_ns", "nv_ioctls", "nv_ioctl_ns", "sampled",
         "offcpu_runnable_ns", "wakeup_wait_ns", "wakeups", "cu_alloc_oom",
-        "oncpu_ns", "oncpu_homed_ns", "oncpu_remote_ns",
+        "oncpu_ns", "oncpu_homed_ns", "oncpu_remote_ns", "pagecache_added_bytes",
     )]
 
 

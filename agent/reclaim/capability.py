@@ -96,11 +96,7 @@ class Reclaim:
         """A kill: its scope from the victim's memory cgroup limit (the trigger's when the victim is
         gone already), kept for the requests it ended or shared a cgroup with, and counted."""
         tgid = self._tgid_of(kill.victim)
-        info = None
-        for pid in (kill.victim, kill.trigger):
-            info = self.registry.cgroups.for_pid(pid) if self.registry is not None and pid else None
-            if info is not None:
-                break
+        info = self._cgroup_at_kill(kill, tgid)
         scope, path = "unknown", "unknown"
         if info is not None:
             v2 = self.registry.cgroups.v2_dir(info.v2_path) if info.v2_path else None
@@ -112,6 +108,24 @@ class Reclaim:
         self.oom_kills.append((tgid, path, kill))
         self.oom_counts[scope] += 1
         return []
+
+    def _cgroup_at_kill(self, kill: oom.OomKill, tgid: int):
+        """The victim's cgroups, else the trigger's. The kill is read after the victim got SIGKILL, and an
+        exiting task's v1 lines say "/" (CgroupInfo.exiting): on hosts with v1 controllers its cgroups
+        are then those this agent read when it described the process alive, or unknown (None). A wrong
+        "/" would make a memcg kill read as the host's."""
+        if self.registry is None:
+            return None
+        for pid, proc in ((kill.victim, tgid), (kill.trigger, kill.trigger)):
+            info = self.registry.cgroups.for_pid(pid) if pid else None
+            if info is None:
+                continue
+            if not (info.exiting and info.v1_paths):
+                return info
+            known = self.registry.cached(proc)
+            if known is not None and known.cgroup is not None and not known.cgroup.exiting:
+                return known.cgroup
+        return None
 
     def _tgid_of(self, tid: int) -> int:
         """The victim is a task holding the mm, not always the thread group's leader."""

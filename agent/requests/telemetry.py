@@ -46,6 +46,7 @@ COUNTER_ATTRS = {
     "wakeups": "hostagent.offcpu.wakeups",
     "cu_alloc_oom": "hostagent.cuda.alloc.out_of_memory",
     "oncpu_ns": "hostagent.oncpu.time",
+    "pagecache_added_bytes": "hostagent.page_cache.added.size",
 }
 NUMA_REMOTE_TIME = "hostagent.numa.remote.time"
 NUMA_REMOTE_RATIO = "hostagent.numa.remote.ratio"

@@ -412,3 +412,55 @@ def test_oom_events_reach_the_victim_and_its_memory_cgroup_neighbours_only():
     assert ev(9, 400, 600) == ({}, [])  # another cgroup: a memcg kill is not its business
     assert ev(9, 700, 900) == ({}, [(99, False)])  # a host kill reaches everyone
     assert ev(8, 100, 200) == ({}, [])
+
+
+def _stat(pid: int, flags: int) -> str:
+    # /proc/PID/stat: pid (comm) state ppid pgrp session tty_nr tpgid flags ... (field 9: flags)
+    return f"{pid} (py thon) S 1 {pid} {pid} 0 -1 {flags} 0 0 0 0\n"
+
+
+@pytest.mark.parametrize("victim_flags,cached,trigger,want_path,want_scope", [
+    # alive at the read: its own lines
+    (0x400000, False, None, "/job", "memcg"),
+    # exiting (PF_EXITING 0x4), its v1 line says "/" (the kernel's zombie placeholder): the agent's
+    # reading of it alive stands in, or nothing, never a host kill for a memcg one
+    (0x400004, True, None, "/job", "memcg"),
+    (0x400004, False, None, "unknown", "unknown"),
+    # exiting and never described, but the allocating task (another process of the cgroup) alive
+    (0x400004, False, 31, "/job", "memcg"),
+])
+def test_an_oom_victim_read_while_it_exits_is_not_put_in_the_root_cgroup(tmp_path, monkeypatch, victim_flags, cached,
+                                                                       trigger, want_path, want_scope):
+    """On a host with v1 controllers (this VM's memory controller is v1) /proc/PID/cgroup of a task past
+    the start of do_exit() names "/" for every v1 hierarchy: CI saw the kill of a process in a
+    64 MiB memcg read as "/" when the agent handled the record after the victim began to exit."""
+    from mcp_hostagent.core.identity import CgroupResolver, ProcessRegistry, parse_proc_cgroup
+    from mcp_hostagent.reclaim.oom import OomKill
+
+    proc, cg = tmp_path / "proc", tmp_path / "cgroup"
+    (cg / "memory" / "job").mkdir(parents=True)
+    (cg / "memory" / "job" / "memory.limit_in_bytes").write_text(str(64 << 20))
+    (cg / "memory" / "memory.limit_in_bytes").write_text(str(1 << 62))
+
+    def task(pid, flags, memory_path):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(f"5:memory:{memory_path}\n0::/\n")
+        (proc / str(pid) / "stat").write_text(_stat(pid, flags))
+        (proc / str(pid) / "status").write_text(f"Name:\tpython\nTgid:\t{pid}\n")
+
+    task(30, victim_flags, "/" if victim_flags & 0x4 else "/job")
+    if trigger:
+        task(trigger, 0x400000, "/job")
+    registry = ProcessRegistry(str(proc), CgroupResolver(str(cg), str(proc)))
+    if cached:  # described at its BEGIN, alive
+        from mcp_hostagent.core.identity import ProcessInfo
+        registry._cache[30] = ProcessInfo(30, 1, "python", cgroup=parse_proc_cgroup("5:memory:/job\n0::/\n"))
+    rc = _reclaim()
+    rc.registry, rc.proc_root, rc._mem_total = registry, str(proc), 1 << 34
+    from mcp_hostagent.reclaim import oom
+
+    limit_files = oom.limit_files
+    monkeypatch.setattr(oom, "limit_files", lambda v2, v1: limit_files(v2, v1, str(cg)))
+    rc.on_oom(OomKill(30, "python", 1, 0, 0, 0, trigger=trigger or 30), 500)
+    ((tgid, path, kill),) = rc.oom_kills
+    assert (tgid, path, kill.scope) == (30, want_path, want_scope)

@@ -54,6 +54,7 @@ DOC_NAMES = {
     "wakeups": "hostagent.offcpu.wakeups",
     "cu_alloc_oom": "hostagent.cuda.alloc.out_of_memory",
     "oncpu_ns": "hostagent.oncpu.time",
+    "pagecache_added_bytes": "hostagent.page_cache.added.size",
 }
 # shown through their quotient, and only with a home node (a 0 then is measured): alone, each gives
 NUMA_FIELDS = {"oncpu_homed_ns": {"hostagent.numa.remote.time": 0.0, "hostagent.numa.remote.ratio": 0.0},

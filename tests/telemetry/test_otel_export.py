@@ -317,7 +317,8 @@ def test_per_process_metrics_carry_no_command_line_only_bounded_identity(tmp_pat
     procs.set_rows({10: (PROC, Counters(faults=5, vcsw=2, ivcsw=1, offcpu_ns=3_000_000, direct_reclaims=1,
                                         direct_reclaim_ns=400, cu_launch=9, cu_sync_ns=7_000, cu_ctx_ns=80,
                                         offcpu_runnable_ns=2_000, wakeup_wait_ns=5_000, oncpu_ns=9_000,
-                                        oncpu_homed_ns=6_000, oncpu_remote_ns=1_000))},
+                                        oncpu_homed_ns=6_000, oncpu_remote_ns=1_000,
+                                        pagecache_added_bytes=3 << 20))},
                    {10: (100, 2)})
     bounded = {k: PROC[k] for k in METRIC_IDENTITY}
     assert bounded == {"process.pid": 10, "process.executable.name": "srv", "container.id": "c" * 64,
@@ -328,6 +329,7 @@ def test_per_process_metrics_carry_no_command_line_only_bounded_identity(tmp_pat
         "process.context_switches": ("{context_switch}", [(2, {**bounded, "process.context_switch.type": "voluntary"}),
                                                           (1, {**bounded, "process.context_switch.type": "involuntary"})]),
         "hostagent.process.offcpu.time": ("s", [(0.003, bounded)]),
+        "hostagent.process.page_cache.added": ("By", [(3 << 20, bounded)]),
         "hostagent.process.numa.cpu.time": ("s", [(5_000 / 1e9, {**bounded, "hostagent.numa.locality": "local"}),
                                                   (1_000 / 1e9, {**bounded, "hostagent.numa.locality": "remote"}),
                                                   (3_000 / 1e9, {**bounded, "hostagent.numa.locality": "unknown"})]),

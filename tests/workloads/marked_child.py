@@ -3,7 +3,8 @@ process's /proc counters while it is blocked between steps (no faults or switche
 
 Commands, one per line: `begin RID TRACEPARENT`, `end RID`, `touch N` (N first-touch page faults),
 `sleep K MS` (K voluntary switches), `spin MS` (busy loop), `busy RID MS` (a request that only spins:
-no switch of its own between its begin and end), `read PATH` (through the page cache), `thread_exit RID` (a thread begins a
+no switch of its own between its begin and end), `read PATH` (through the page cache), `mapread PATH`
+(map it and touch each page), `thread_exit RID` (a thread begins a
 request and exits inside it), `raw MAGIC VERSION OP` (a hand-made marker), `badptr`, `exit`.
 Each command answers `ok` when done."""
 
@@ -68,6 +69,9 @@ def main() -> None:
             with open(args[0], "rb", buffering=0) as f:
                 while f.read(1 << 20):
                     pass
+        elif cmd == "mapread":  # map a file and touch each page: file faults, as a safetensors load
+            with open(args[0], "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+                sum(m[i] for i in range(0, len(m), PAGE))
         elif cmd == "write":  # write N MiB to a file: dirty page cache that reclaim must wait on
             chunk = b"x" * (1 << 20)
             with open(args[0], "wb", buffering=0) as f:
