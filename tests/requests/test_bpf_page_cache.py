@@ -14,6 +14,7 @@ import tempfile
 import pytest
 
 from test_bpf_requests import TP, child  # noqa: F401  (child: the fixture)
+from test_process_io import _drop as drop, _proc_io as read_bytes
 
 pytestmark = [pytest.mark.bpf,
               pytest.mark.skipif(not os.path.exists("/proc/self/io"),
@@ -34,20 +35,6 @@ def weights():
     drop(path)
     yield path
     shutil.rmtree(d, ignore_errors=True)
-
-
-def drop(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def read_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/io") as f:
-        return int(dict(line.split(": ") for line in f.read().splitlines())["read_bytes"])
 
 
 def proc_added(agent, pid: int) -> int:
