@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
+from ..pcie.sysfs import link_capacity_bytes_s
 from . import nvlink
 from .nvlink import NvLinkState
 
@@ -254,6 +255,10 @@ class GpuAggregate:
     nvlink_active_min: int | None = None  # links up, fewest in the window
     nvlink_down_max: int | None = None  # links seen up before and not then, most in the window
     nvlink_errors: int | None = None  # increase of the data-link error counters (all kinds) across the window
+    # NVML's PCIe throughput reads (each over its own 20 ms) taken inside the window, most of each way
+    pcie_rx_max_bytes_s: float | None = None  # receive: host to GPU (a model's weights being copied in)
+    pcie_tx_max_bytes_s: float | None = None
+    pcie_capacity_min_bytes_s: float | None = None  # per direction, at the lowest gen x width seen
 
     def attributes(self, prefix: str = "hostagent.gpu") -> dict[str, object]:
         """Span attributes; NA fields are left out."""
@@ -274,6 +279,11 @@ class GpuAggregate:
             "process.utilization.mean": ratio(self.process_sm_util_mean_pct),
             "nvlink.links.active.min": self.nvlink_active_min, "nvlink.links.down.max": self.nvlink_down_max,
             "nvlink.errors": self.nvlink_errors,
+            "pcie.receive.max": self.pcie_rx_max_bytes_s, "pcie.transmit.max": self.pcie_tx_max_bytes_s,
+            "pcie.capacity.min": self.pcie_capacity_min_bytes_s,
+            "pcie.receive.utilization.max": None if not (self.pcie_rx_max_bytes_s is not None
+                                                         and self.pcie_capacity_min_bytes_s)
+            else round(self.pcie_rx_max_bytes_s / self.pcie_capacity_min_bytes_s, 4),
         }
         return {f"{prefix}.{k}": v for k, v in names.items() if v is not None}
 
@@ -282,8 +292,10 @@ def _vals(samples, attr):
     return [v for v in (getattr(s, attr) for s in samples) if v is not None]
 
 
-def aggregate_samples(samples: list[GpuSample], pid: int | None = None) -> GpuAggregate | None:
-    """Fold the up samples of one GPU (oldest first). Pure."""
+def aggregate_samples(samples: list[GpuSample], pid: int | None = None,
+                      window: tuple[int, int] | None = None) -> GpuAggregate | None:
+    """Fold the up samples of one GPU (oldest first). Pure. window: (t0_ns, t1_ns), for the
+    throughput reads, which samples carry on between reads: only those taken inside it count."""
     samples = [s for s in samples if s.up]
     if not samples:
         return None
@@ -310,7 +322,18 @@ def aggregate_samples(samples: list[GpuSample], pid: int | None = None) -> GpuAg
         process_mem_max_bytes=opt(max, _vals(procs, "used_memory_bytes")),
         process_sm_util_mean_pct=mean(_vals(procs, "sm_util_pct")),
         **_nvlink_fields([s.nvlink for s in samples if s.nvlink is not None]),
+        **_pcie_fields(samples, window),
     )
+
+
+def _pcie_fields(samples: list[GpuSample], window: tuple[int, int] | None) -> dict:
+    reads = {s.pcie_tput_t_ns: s for s in samples if s.pcie_tput_t_ns is not None
+             and (window is None or window[0] <= s.pcie_tput_t_ns <= window[1])}.values()
+    rx = [s.pcie_rx_kbytes_s * 1024 for s in reads if s.pcie_rx_kbytes_s is not None]  # NVML's KB: 1,024 bytes
+    tx = [s.pcie_tx_kbytes_s * 1024 for s in reads if s.pcie_tx_kbytes_s is not None]
+    cap = [c for c in (link_capacity_bytes_s(s.pcie_gen, s.pcie_width) for s in samples) if c]
+    return {"pcie_rx_max_bytes_s": max(rx, default=None), "pcie_tx_max_bytes_s": max(tx, default=None),
+            "pcie_capacity_min_bytes_s": round(min(cap), 1) if cap else None}
 
 
 def _nvlink_fields(nv: list[NvLinkState]) -> dict:
@@ -519,7 +542,7 @@ class NvmlSampler:
         return [s for s in hist if s.t_ns >= t0_ns and s.window_start_ns < t1_ns]
 
     def aggregate(self, gpu: int, t0_ns: int, t1_ns: int, pid: int | None = None) -> GpuAggregate | None:
-        return aggregate_samples(self.samples_between(gpu, t0_ns, t1_ns), pid)
+        return aggregate_samples(self.samples_between(gpu, t0_ns, t1_ns), pid, (t0_ns, t1_ns))
 
     def gpus_for_pid(self, pid: int) -> list[int]:
         """GPUs where NVML lists pid as a compute process (the join key for request spans)."""

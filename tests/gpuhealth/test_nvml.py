@@ -510,3 +510,32 @@ def test_gpu_metrics_follow_the_hw_conventions_in_base_units():
         "hostagent.gpu.xid.errors": ("counter", "{error}", [(2, {"hostagent.gpu.xid.code": 31})]),
     }
     assert got["hw.power"][2][0][0] == pytest.approx(512.345)
+
+
+def test_a_windows_pcie_receive_against_the_links_capacity_from_the_h200_recording():
+    """A request's host-to-GPU bandwidth against its link (slow model load evidence): the most of
+    NVML's throughput reads taken inside the window, as By/s, and the recorded Gen5 x16 link's 63.0
+    GB/s; reads before the window, which samples carry on, do not count."""
+    fake, now = ReplayNvml(), [0]
+    sampler = NvmlSampler(fake, slow_period_s=1e-9, clock=lambda: now[0])  # the slow reads every round
+    for k in range(len(STREAM["samples"])):
+        now[0] = (k + 1) * 1_000_000_000
+        sampler.sample_once()
+    s = 1_000_000_000
+    # round k reads record k's throughput at (k+1) s, after its fast sample: the next sample carries it
+    recs = STREAM["samples"][18:23]  # read at 19..23 s
+    agg = sampler.aggregate(0, int(18.5 * s), int(23.5 * s))
+    rx = [raw(r, "nvmlDeviceGetPcieThroughput/RX") * 1024 for r in recs]
+    tx = [raw(r, "nvmlDeviceGetPcieThroughput/TX") * 1024 for r in recs]
+    assert agg.pcie_rx_max_bytes_s == max(rx) and agg.pcie_tx_max_bytes_s == max(tx)
+    assert round(agg.pcie_capacity_min_bytes_s / 1e9, 1) == 63.0  # 32 GT/s x 128/130 / 8 x 16 lanes
+    a = agg.attributes()
+    assert a["hostagent.gpu.pcie.receive.max"] == max(rx)
+    assert a["hostagent.gpu.pcie.receive.utilization.max"] == round(max(rx) / agg.pcie_capacity_min_bytes_s, 4)
+    # a window with no read of its own: the samples in it carry the read taken before it, not counted
+    from dataclasses import replace
+    old = [replace(x, pcie_tput_t_ns=1) for x in sampler.samples_between(0, int(18.5 * s), int(23.5 * s))]
+    from mcp_hostagent.gpuhealth.nvml import aggregate_samples
+    late = aggregate_samples(old, window=(int(18.5 * s), int(23.5 * s)))
+    assert late.pcie_rx_max_bytes_s is None and "hostagent.gpu.pcie.receive.max" not in late.attributes()
+    assert late.pcie_capacity_min_bytes_s == agg.pcie_capacity_min_bytes_s  # the link itself is known
