@@ -11,6 +11,7 @@ ToggledAgent); every workload runs in a child process.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -149,6 +150,10 @@ class ToggledAgent:
                 t.join()
             if self.agent.cuda is not None:  # its ioctl and exit programs are tracepoints too
                 self.agent.cuda.set_tracepoints(False)
+            # with sched_switch off, each CPU's slot (requests.bpf.c slice_take) goes stale: a request's
+            # edge would count the detached time as CPU time
+            slots = self.agent.bpf[b"cpu_run"]
+            slots[ctypes.c_int(0)] = slots.Leaf()  # every CPU's, zeroed
             self.is_attached = False
 
     def attach(self) -> None:

@@ -141,6 +141,7 @@ struct mcp_cpu_run {
 	__u64 ts_ns;
 	__u32 tid;
 	__u32 pad;
+	__u64 unseen_from;  /* tid's switch-in was not seen: its off-CPU interval ended by then (0: none) */
 };
 
 /* ---- ring buffer records: every record starts with the common header ---- */

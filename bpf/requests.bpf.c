@@ -12,14 +12,62 @@ struct mcp_slice {
 	u64 ns, homed, remote;
 };
 
+/* Off-CPU time: d ns, runnable (waiting for a CPU) or not, w ns of it after a wake-up (woke: 1) */
+static __always_inline void offcpu_add(struct mcp_counters *c, u64 d, u32 runnable, u64 w, u64 woke)
+{
+	c->offcpu_ns += d;
+	if (runnable)
+		c->offcpu_runnable_ns += d;
+	c->wakeup_wait_ns += w;
+	c->wakeups += woke;
+}
+
+/* The same to counters threads on other CPUs share (a group's, a process's): atomic */
+static __always_inline void offcpu_add_shared(struct mcp_counters *c, u64 d, u32 runnable, u64 w, u64 woke)
+{
+	__sync_fetch_and_add(&c->offcpu_ns, d);
+	if (runnable)
+		__sync_fetch_and_add(&c->offcpu_runnable_ns, d);
+	if (woke) {
+		__sync_fetch_and_add(&c->wakeup_wait_ns, w);
+		__sync_fetch_and_add(&c->wakeups, 1);
+	}
+}
+
+/* A thread's off-CPU interval, from its switch-out to end, goes to its counters (its entry goes) */
+static __always_inline void offcpu_close(u32 tid, struct mcp_offcpu *o, u64 end)
+{
+	u64 d = end > o->ts_ns ? end - o->ts_ns : 0;
+	u32 tgid = o->tgid, runnable = o->runnable, thread = o->thread;
+	u64 g = o->group;
+	/* woken after a sleep: the wait from the wake-up to end was on a run queue */
+	u64 w = o->woken_ns && o->woken_ns <= end ? end - o->woken_ns : 0;
+	u64 woke = o->woken_ns != 0;
+	offcpu_start.delete(&tid);
+	struct mcp_counters *c = thread ? thread_stats.lookup(&tid) : 0;
+	if (c)
+		offcpu_add(c, d, runnable, w, woke);
+	struct mcp_req_state *st = req_by_tid.lookup(&tid);
+	if (st)
+		offcpu_add(&st->c, d, runnable, w, woke);
+	c = g ? group_stats.lookup(&g) : 0;
+	if (c)
+		offcpu_add_shared(c, d, runnable, w, woke);
+	c = proc_stats.lookup(&tgid);
+	if (c)
+		offcpu_add_shared(c, d, runnable, w, woke);
+}
+
 /* The slice the thread running on this CPU has had so far, split by NUMA locality, and the slot
  * restarted at now. At sched_switch the CPU is still the one prev ran on, and a task does not
  * migrate while running: one node for the whole slice. The slot is per CPU, not per thread, so a
  * thread traced mid-slice still has its start. Its switch-in not seen (the slot names another
  * thread): the kernel switched to it without sched:sched_switch, which on the sandboxes' kernels
  * happens after threads hidden from tracing; the slice counts from the CPU's last switch, an upper
- * bound (the hidden thread's time), and is counted in MCP_STAT_SWITCH_IN_UNSEEN. 0: no slice (the
- * slot not yet written by sched_switch, so with that probe off nothing counts wall time as CPU time). */
+ * bound (the hidden thread's time), and is counted in MCP_STAT_SWITCH_IN_UNSEEN; 2 then, until the
+ * thread's switch-out, which closes its off-CPU interval at the slot's unseen_from. 0: no slice (the
+ * slot not yet written by sched_switch, so with that probe off nothing counts wall time as CPU time;
+ * whoever detaches it zeroes the slots, bench/_common.py ToggledAgent). */
 static __always_inline int slice_take(u32 tid, u32 tgid, u64 now, struct mcp_slice *sl)
 {
 	int z = 0;
@@ -27,18 +75,24 @@ static __always_inline int slice_take(u32 tid, u32 tgid, u64 now, struct mcp_sli
 	if (!r || !r->ts_ns || r->ts_ns > now)
 		return 0;
 	int unseen = r->tid != tid;
-	sl->ns = now - r->ts_ns;
+	u64 from = r->ts_ns;
+	sl->ns = now - from;
 	r->ts_ns = now;
 	r->tid = tid;
-	if (unseen)
+	if (unseen) {
 		stat_inc(MCP_STAT_SWITCH_IN_UNSEEN);
+		/* the off-CPU interval before the unseen switch-in is still open: it ended no later than the
+		 * CPU's previous switch. Closed at the thread's switch-out (sched_switch), where the stack
+		 * has room for it; a request's edge may find the miss first. */
+		r->unseen_from = from;
+	}
 	u32 *home = numa_home.lookup(&tgid);
 	if (home) {
 		sl->homed = sl->ns;
 		if (bpf_get_numa_node_id() != *home)
 			sl->remote = sl->ns;
 	}
-	return 1 + unseen;
+	return 1 + (r->unseen_from != 0);
 }
 
 /* A thread's own counters (its request's, its thread_stats entry): written only in its context */
@@ -428,52 +482,6 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
 }
 #endif /* MCP_PROBE_PAGE_CACHE */
 
-/* Off-CPU time: d ns, runnable (waiting for a CPU) or not, w ns of it after a wake-up (woke: 1) */
-static __always_inline void offcpu_add(struct mcp_counters *c, u64 d, u32 runnable, u64 w, u64 woke)
-{
-	c->offcpu_ns += d;
-	if (runnable)
-		c->offcpu_runnable_ns += d;
-	c->wakeup_wait_ns += w;
-	c->wakeups += woke;
-}
-
-/* The same to counters threads on other CPUs share (a group's, a process's): atomic */
-static __always_inline void offcpu_add_shared(struct mcp_counters *c, u64 d, u32 runnable, u64 w, u64 woke)
-{
-	__sync_fetch_and_add(&c->offcpu_ns, d);
-	if (runnable)
-		__sync_fetch_and_add(&c->offcpu_runnable_ns, d);
-	if (woke) {
-		__sync_fetch_and_add(&c->wakeup_wait_ns, w);
-		__sync_fetch_and_add(&c->wakeups, 1);
-	}
-}
-
-/* A thread's off-CPU interval, from its switch-out to end, goes to its counters (its entry goes) */
-static __always_inline void offcpu_close(u32 tid, struct mcp_offcpu *o, u64 end)
-{
-	u64 d = end > o->ts_ns ? end - o->ts_ns : 0;
-	u32 tgid = o->tgid, runnable = o->runnable, thread = o->thread;
-	u64 g = o->group;
-	/* woken after a sleep: the wait from the wake-up to end was on a run queue */
-	u64 w = o->woken_ns && o->woken_ns <= end ? end - o->woken_ns : 0;
-	u64 woke = o->woken_ns != 0;
-	offcpu_start.delete(&tid);
-	struct mcp_counters *c = thread ? thread_stats.lookup(&tid) : 0;
-	if (c)
-		offcpu_add(c, d, runnable, w, woke);
-	struct mcp_req_state *st = req_by_tid.lookup(&tid);
-	if (st)
-		offcpu_add(&st->c, d, runnable, w, woke);
-	c = g ? group_stats.lookup(&g) : 0;
-	if (c)
-		offcpu_add_shared(c, d, runnable, w, woke);
-	c = proc_stats.lookup(&tgid);
-	if (c)
-		offcpu_add_shared(c, d, runnable, w, woke);
-}
-
 #if MCP_PROBE_SCHED_SWITCH
 TRACEPOINT_PROBE(sched, sched_switch)
 {
@@ -498,11 +506,9 @@ TRACEPOINT_PROBE(sched, sched_switch)
 		asm volatile("" : "+r"(w), "+r"(traced));
 		struct mcp_slice sl = {};
 		if ((traced || w) && !dying && slice_take(prev, prev_tgid, now, &sl) == 2) {
-			/* its switch-in not seen (slice_take): the off-CPU interval before it is still open,
-			 * and ended no later than this CPU's previous switch */
 			struct mcp_offcpu *o = offcpu_start.lookup(&prev);
 			if (o)
-				offcpu_close(prev, o, now - sl.ns);
+				offcpu_close(prev, o, r->unseen_from);
 		}
 		if (st) {
 			if (voluntary)
@@ -553,6 +559,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	/* next runs from now on this CPU (slice_take) */
 	r->ts_ns = now;
 	r->tid = next;
+	r->unseen_from = 0;
 	return 0;
 }
 #endif /* MCP_PROBE_SCHED_SWITCH */

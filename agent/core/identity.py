@@ -216,8 +216,8 @@ class CgroupResolver:
         try:
             with open(f"{self._proc_root}/{pid}/stat", "rb") as f:
                 flags = int(f.read().rsplit(b")", 1)[1].split()[6])  # field 9
-        except (OSError, ValueError, IndexError):  # gone since: the lines above were read before
-            flags = 0
+        except (OSError, ValueError, IndexError):  # gone since: it may have been exiting at the read above
+            flags = PF_EXITING
         return replace(info, exiting=True) if flags & PF_EXITING else info
 
     def v2_dir(self, path: str) -> str | None:

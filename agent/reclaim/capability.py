@@ -110,17 +110,18 @@ class Reclaim:
         return []
 
     def _cgroup_at_kill(self, kill: oom.OomKill, tgid: int):
-        """The victim's cgroups, else the trigger's. The kill is read after the victim got SIGKILL, and an
-        exiting task's v1 lines say "/" (CgroupInfo.exiting): on hosts with v1 controllers its cgroups
-        are then those this agent read when it described the process alive, or unknown (None). A wrong
-        "/" would make a memcg kill read as the host's."""
+        """The victim's cgroups, else the trigger's (the allocating task: in a memcg OOM, of the same
+        cgroup). The kill is read after the victim got SIGKILL, and an exiting task's v1 lines say "/"
+        (CgroupInfo.exiting): where memory is a v1 controller its cgroups are then those this agent read
+        when it described the process alive; None when neither task gives a true reading. A wrong "/"
+        would make a memcg kill read as the host's."""
         if self.registry is None:
             return None
-        for pid, proc in ((kill.victim, tgid), (kill.trigger, kill.trigger)):
+        for pid, proc in ((kill.victim, tgid), (kill.trigger, self._tgid_of(kill.trigger) if kill.trigger else 0)):
             info = self.registry.cgroups.for_pid(pid) if pid else None
             if info is None:
                 continue
-            if not (info.exiting and info.v1_paths):
+            if not (info.exiting and "memory" in info.v1_paths):
                 return info
             known = self.registry.cached(proc)
             if known is not None and known.cgroup is not None and not known.cgroup.exiting:
