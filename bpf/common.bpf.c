@@ -83,6 +83,10 @@ static long (*mcp_read_kernel)(void *dst, u32 size, const void *src) = (void *)B
 #define MCP_GROUP_TREE 0
 #endif
 #define MCP_TREE_GROUP (1ULL << 62)  /* a tree group's key: this bit | the root's tgid (cgroup ids are inode numbers, far below) */
+/* A counter of struct mcp_counters by its byte offset: one helper serves several counters; the offset
+ * must be a constant once the helper is inlined, as the verifier needs */
+#define MCP_OFF(field) ((u32)__builtin_offsetof(struct mcp_counters, field))
+#define MCP_FIELD(c, off) ((u64 *)((char *)(c) + (off)))
 #ifndef MCP_PAGE_SIZE
 #define MCP_PAGE_SIZE 4096
 #endif

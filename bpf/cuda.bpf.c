@@ -30,9 +30,6 @@ BPF_TABLE("lru_hash", u32, struct mcp_nv_ioctl_start, nv_ioctl_start, MCP_MAX_TH
 BPF_HASH(nv_cmd, struct mcp_nv_cmd_key, struct mcp_nv_cmd_val, 8192);
 BPF_TABLE("lru_hash", u32, u64, cu_exec, 1024); /* tgid -> exec time, drained by agent/cuda/capability.py */
 
-#define CU_OFF(field) ((u32)__builtin_offsetof(struct mcp_counters, field))
-#define CU_FIELD(c, off) ((u64 *)((char *)(c) + (off)))
-
 static __always_inline u64 cu_cfg(u32 idx)
 {
 	u64 *v = cu_config.lookup(&idx);
@@ -89,17 +86,17 @@ static __always_inline void cu_add(u32 tid, u32 tgid, u32 off_n, u64 n_thread, u
 		c = t ? &t->c : 0;
 	}
 	if (c) {
-		*CU_FIELD(c, off_n) += n_thread;
+		*MCP_FIELD(c, off_n) += n_thread;
 		if (ns)
-			*CU_FIELD(c, off_ns) += ns;
+			*MCP_FIELD(c, off_ns) += ns;
 		if (sampled)
 			c->sampled = sampled;
 	}
 	c = proc_counters(tgid);
 	if (c) {
-		__sync_fetch_and_add(CU_FIELD(c, off_n), n);
+		__sync_fetch_and_add(MCP_FIELD(c, off_n), n);
 		if (ns)
-			__sync_fetch_and_add(CU_FIELD(c, off_ns), ns);
+			__sync_fetch_and_add(MCP_FIELD(c, off_ns), ns);
 		if (sampled)
 			c->sampled = sampled;
 	}
@@ -201,27 +198,27 @@ static __always_inline int cu_return(u32 family, u32 hist, u32 off_n, u32 off_ns
 }
 
 #if MCP_PROBE_CUDA_LAUNCH
-int cu_launch(struct pt_regs *ctx) { return cu_launch_hit(CU_OFF(cu_launch), MCP_CFG_WEIGHT_LAUNCH); }
-int cu_launch_ptsz(struct pt_regs *ctx) { return cu_launch_hit(CU_OFF(cu_launch_ptsz), MCP_CFG_WEIGHT_LAUNCH_PTSZ); }
-int cu_launch_ex(struct pt_regs *ctx) { return cu_launch_hit(CU_OFF(cu_launch_ex), MCP_CFG_WEIGHT_LAUNCH_EX); }
-int cu_launch_ex_ptsz(struct pt_regs *ctx) { return cu_launch_hit(CU_OFF(cu_launch_ex_ptsz), MCP_CFG_WEIGHT_LAUNCH_EX_PTSZ); }
+int cu_launch(struct pt_regs *ctx) { return cu_launch_hit(MCP_OFF(cu_launch), MCP_CFG_WEIGHT_LAUNCH); }
+int cu_launch_ptsz(struct pt_regs *ctx) { return cu_launch_hit(MCP_OFF(cu_launch_ptsz), MCP_CFG_WEIGHT_LAUNCH_PTSZ); }
+int cu_launch_ex(struct pt_regs *ctx) { return cu_launch_hit(MCP_OFF(cu_launch_ex), MCP_CFG_WEIGHT_LAUNCH_EX); }
+int cu_launch_ex_ptsz(struct pt_regs *ctx) { return cu_launch_hit(MCP_OFF(cu_launch_ex_ptsz), MCP_CFG_WEIGHT_LAUNCH_EX_PTSZ); }
 #endif /* MCP_PROBE_CUDA_LAUNCH */
 
 #if MCP_PROBE_CUDA_GRAPH
 /* one per graph replay, however many kernels the graph holds; never duty-cycled (low rate) */
-int cu_graph_launch(struct pt_regs *ctx) { return cu_launch_hit(CU_OFF(cu_graph_launch), MCP_CFG_MAX); }
+int cu_graph_launch(struct pt_regs *ctx) { return cu_launch_hit(MCP_OFF(cu_graph_launch), MCP_CFG_MAX); }
 #endif /* MCP_PROBE_CUDA_GRAPH */
 
 #if MCP_PROBE_CUDA_CTX
 int cu_ctx_enter(struct pt_regs *ctx) { return cu_enter(MCP_CU_CTX, 0); }
-int cu_ctx_ret(struct pt_regs *ctx) { return cu_return(MCP_CU_CTX, MCP_HIST_CTX, CU_OFF(cu_ctx_ops), CU_OFF(cu_ctx_ns)); }
+int cu_ctx_ret(struct pt_regs *ctx) { return cu_return(MCP_CU_CTX, MCP_HIST_CTX, MCP_OFF(cu_ctx_ops), MCP_OFF(cu_ctx_ns)); }
 #endif /* MCP_PROBE_CUDA_CTX */
 
 #if MCP_PROBE_CUDA_SYNC
 int cu_sync_stream_enter(struct pt_regs *ctx) { return cu_enter(MCP_CU_SYNC, MCP_CU_SYNC_STREAM); }
 int cu_sync_ctx_enter(struct pt_regs *ctx) { return cu_enter(MCP_CU_SYNC, MCP_CU_SYNC_CTX); }
 int cu_sync_event_enter(struct pt_regs *ctx) { return cu_enter(MCP_CU_SYNC, MCP_CU_SYNC_EVENT); }
-int cu_sync_ret(struct pt_regs *ctx) { return cu_return(MCP_CU_SYNC, MCP_HIST_SYNC, CU_OFF(cu_syncs), CU_OFF(cu_sync_ns)); }
+int cu_sync_ret(struct pt_regs *ctx) { return cu_return(MCP_CU_SYNC, MCP_HIST_SYNC, MCP_OFF(cu_syncs), MCP_OFF(cu_sync_ns)); }
 #endif /* MCP_PROBE_CUDA_SYNC */
 
 #if MCP_PROBE_CUDA_ALLOC
@@ -234,15 +231,15 @@ int cu_alloc_ret(struct pt_regs *ctx)
 		u64 pid_tgid = bpf_get_current_pid_tgid();
 		u32 tgid = pid_tgid >> 32;
 		if (cu_watched(tgid))
-			cu_add((u32)pid_tgid, tgid, CU_OFF(cu_alloc_oom), 1, 1, CU_OFF(cu_alloc_oom), 0, 0);
+			cu_add((u32)pid_tgid, tgid, MCP_OFF(cu_alloc_oom), 1, 1, MCP_OFF(cu_alloc_oom), 0, 0);
 	}
-	return cu_return(MCP_CU_ALLOC, MCP_HIST_ALLOC, CU_OFF(cu_allocs), CU_OFF(cu_alloc_ns));
+	return cu_return(MCP_CU_ALLOC, MCP_HIST_ALLOC, MCP_OFF(cu_allocs), MCP_OFF(cu_alloc_ns));
 }
 #endif /* MCP_PROBE_CUDA_ALLOC */
 
 #if MCP_PROBE_CUDA_FREE
 int cu_free_enter(struct pt_regs *ctx) { return cu_enter(MCP_CU_FREE, 0); }
-int cu_free_ret(struct pt_regs *ctx) { return cu_return(MCP_CU_FREE, MCP_HIST_FREE, CU_OFF(cu_frees), CU_OFF(cu_free_ns)); }
+int cu_free_ret(struct pt_regs *ctx) { return cu_return(MCP_CU_FREE, MCP_HIST_FREE, MCP_OFF(cu_frees), MCP_OFF(cu_free_ns)); }
 #endif /* MCP_PROBE_CUDA_FREE */
 
 #if MCP_PROBE_NVIDIA_IOCTL
@@ -289,7 +286,7 @@ int nv_ioctl_exit(void *ctx)
 	struct mcp_nv_cmd_key ck = {.tgid = tgid, .cmd = s->cmd, .dev = s->dev};
 	nv_ioctl_start.delete(&tid);
 	hist_add(tgid, MCP_HIST_IOCTL, d);
-	cu_add(tid, tgid, CU_OFF(nv_ioctls), 1, 1, CU_OFF(nv_ioctl_ns), d, 0);
+	cu_add(tid, tgid, MCP_OFF(nv_ioctls), 1, 1, MCP_OFF(nv_ioctl_ns), d, 0);
 	struct mcp_nv_cmd_val zero = {};
 	nv_cmd.insert(&ck, &zero);
 	struct mcp_nv_cmd_val *v = nv_cmd.lookup(&ck);

@@ -421,28 +421,35 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
 }
 #endif /* MCP_PROBE_MARKER */
 
-#if MCP_PROBE_PAGE_FAULTS
-TRACEPOINT_PROBE(exceptions, page_fault_user)
+/* n more of the counter at off (MCP_OFF) for an event of the current thread's own (a fault, a
+ * page-cache addition): its request's, and, where followed, its thread's, process's and serving group's */
+static __always_inline void count_own(u32 off, u64 n)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	u32 tid = (u32)pid_tgid, tgid = pid_tgid >> 32;
 	struct mcp_req_state *st = req_by_tid.lookup(&tid);
 	if (st)
-		st->c.faults++; /* only this thread writes its own fault count */
+		*MCP_FIELD(&st->c, off) += n;  /* only this thread writes its own request's */
 	if (watched(tgid)) {
 		struct mcp_counters *c = proc_counters(tgid);
 		if (c)
-			__sync_fetch_and_add(&c->faults, 1);
+			__sync_fetch_and_add(MCP_FIELD(c, off), n);
 		c = thread_counters(tid);
 		if (c)
-			c->faults++;
+			*MCP_FIELD(c, off) += n;
 	}
 	u64 g = serving_group();
 	if (g) {
 		struct mcp_counters *c = group_stats.lookup(&g);
 		if (c)
-			__sync_fetch_and_add(&c->faults, 1);
+			__sync_fetch_and_add(MCP_FIELD(c, off), n);
 	}
+}
+
+#if MCP_PROBE_PAGE_FAULTS
+TRACEPOINT_PROBE(exceptions, page_fault_user)
+{
+	count_own(MCP_OFF(faults), 1);
 	return 0;
 }
 #endif /* MCP_PROBE_PAGE_FAULTS */
@@ -454,30 +461,11 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
  * on the host passes here: two lookups for threads not followed. */
 TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
 {
-	u64 pid_tgid = bpf_get_current_pid_tgid();
-	u32 tid = (u32)pid_tgid, tgid = pid_tgid >> 32;
 #if MCP_FILEMAP_ORDER
-	u64 bytes = (u64)MCP_PAGE_SIZE << (args->order & 31);
+	count_own(MCP_OFF(pagecache_added_bytes), (u64)MCP_PAGE_SIZE << (args->order & 31));
 #else
-	u64 bytes = MCP_PAGE_SIZE;
+	count_own(MCP_OFF(pagecache_added_bytes), MCP_PAGE_SIZE);
 #endif
-	struct mcp_req_state *st = req_by_tid.lookup(&tid);
-	if (st)
-		st->c.pagecache_added_bytes += bytes;
-	if (watched(tgid)) {
-		struct mcp_counters *c = proc_counters(tgid);
-		if (c)
-			__sync_fetch_and_add(&c->pagecache_added_bytes, bytes);
-		c = thread_counters(tid);
-		if (c)
-			c->pagecache_added_bytes += bytes;
-	}
-	u64 g = serving_group();
-	if (g) {
-		struct mcp_counters *c = group_stats.lookup(&g);
-		if (c)
-			__sync_fetch_and_add(&c->pagecache_added_bytes, bytes);
-	}
 	return 0;
 }
 #endif /* MCP_PROBE_PAGE_CACHE */
