@@ -263,6 +263,7 @@ class GpuAggregate:
     def attributes(self, prefix: str = "hostagent.gpu") -> dict[str, object]:
         """Span attributes; NA fields are left out."""
         ratio = lambda pct: None if pct is None else round(pct / 100, 4)  # noqa: E731
+        rx, cap = self.pcie_rx_max_bytes_s, self.pcie_capacity_min_bytes_s
         hz = lambda mhz: None if mhz is None else mhz * 1_000_000  # noqa: E731
         names = {  # base units, as the metrics: ratio, By, Hz, W, Cel
             "index": self.index, "uuid": self.uuid, "pci_bus_id": self.pci_bus_id, "samples": self.samples,
@@ -279,11 +280,8 @@ class GpuAggregate:
             "process.utilization.mean": ratio(self.process_sm_util_mean_pct),
             "nvlink.links.active.min": self.nvlink_active_min, "nvlink.links.down.max": self.nvlink_down_max,
             "nvlink.errors": self.nvlink_errors,
-            "pcie.receive.max": self.pcie_rx_max_bytes_s, "pcie.transmit.max": self.pcie_tx_max_bytes_s,
-            "pcie.capacity.min": self.pcie_capacity_min_bytes_s,
-            "pcie.receive.utilization.max": None if not (self.pcie_rx_max_bytes_s is not None
-                                                         and self.pcie_capacity_min_bytes_s)
-            else round(self.pcie_rx_max_bytes_s / self.pcie_capacity_min_bytes_s, 4),
+            "pcie.receive.max": rx, "pcie.transmit.max": self.pcie_tx_max_bytes_s, "pcie.capacity.min": cap,
+            "pcie.receive.utilization.max": round(rx / cap, 4) if rx is not None and cap else None,
         }
         return {f"{prefix}.{k}": v for k, v in names.items() if v is not None}
 

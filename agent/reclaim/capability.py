@@ -117,13 +117,13 @@ class Reclaim:
         would make a memcg kill read as the host's."""
         if self.registry is None:
             return None
-        for pid, proc in ((kill.victim, tgid), (kill.trigger, self._tgid_of(kill.trigger) if kill.trigger else 0)):
+        for pid in (kill.victim, kill.trigger):
             info = self.registry.cgroups.for_pid(pid) if pid else None
             if info is None:
                 continue
             if not (info.exiting and "memory" in info.v1_paths):
                 return info
-            known = self.registry.cached(proc)
+            known = self.registry.cached(tgid if pid == kill.victim else self._tgid_of(pid))
             if known is not None and known.cgroup is not None and not known.cgroup.exiting:
                 return known.cgroup
         return None

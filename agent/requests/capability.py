@@ -11,7 +11,7 @@ import ctypes
 import os
 import time
 
-from ..core import kernel, records as R
+from ..core import kernel, records as R, tracefs
 from ..core.capability import NONE
 from ..core.decode import Route, counters_from
 from ..core.health import AgentHealth
@@ -34,11 +34,9 @@ def filemap_has_order() -> bool:
     """Whether mm_filemap_add_to_page_cache says its folio's order (newer kernels; older ones add one
     page each): bcc builds the record's struct from the format at compile time, so the field is used
     only where the format has it."""
-    try:
-        with open(os.path.join(kernel.TRACEFS, "events/filemap/mm_filemap_add_to_page_cache/format")) as f:
-            return "unsigned char order;" in f.read()
-    except OSError:
-        return False
+    name = "filemap/mm_filemap_add_to_page_cache"
+    fmt = tracefs.load_formats(kernel.TRACEFS, [name])[name]
+    return isinstance(fmt, tracefs.TracepointFormat) and any(f.name == "order" for f in fmt.fields)
 
 
 class Requests:
