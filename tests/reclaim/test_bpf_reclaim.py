@@ -5,12 +5,13 @@ its dirty page cache must be written back before reclaim can free it, so the sta
 it). kswapd: with page cache present, /proc/sys/vm/min_free_kbytes is raised to ~90% of MemFree and a
 marked child touches 1 GiB of new anonymous memory: kswapd wakes and reclaims page cache. The old
 value is restored in a finally. /proc/vmstat's pgscan_*/pgsteal_* are the reference: our
-mm_vmscan_lru_shrink_inactive sums are the same numbers shrink_inactive_list() adds there.
+mm_vmscan_lru_shrink_inactive sums are the same numbers shrink_inactive_list() adds there, except
+for direct reclaim by threads the kernel reports to no tracepoint (this VM's init), found per thread
+with taskstats' reclaim counts.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import time
@@ -241,7 +242,92 @@ def _meminfo() -> dict[str, int]:
     return {l.split(":")[0]: int(l.split()[1]) for l in open("/proc/meminfo")}
 
 
-def test_kswapd_storm_matches_vmstat_and_links_request(make_agent):
+DELAYACCT = "/proc/sys/kernel/task_delayacct"
+
+
+def _freepages_counts() -> dict[int, tuple[str, int]]:
+    """Every live thread's taskstats freepages_count: the kernel's per-task count of direct-reclaim
+    passes (mm/vmscan.c do_try_to_free_pages: delayacct_freepages_start/end around each pass),
+    kept while kernel.task_delayacct is 1. pyroute2 decodes struct taskstats only up to
+    cpu_scaled_run_real_total for any version but 15; versions 14 and 16 continue with
+    freepages_count (16 moved version 15's max/min fields to the end: include/uapi/linux/taskstats.h)."""
+    from pyroute2 import TaskStats
+    from pyroute2.netlink.taskstats import TStatsBase
+
+    class v16(TStatsBase.tstats_vB):
+        fields = TStatsBase.tstats_vB.fields + (("freepages_count", "Q"),)
+
+    out = {}
+    with TaskStats() as ts:
+        ts.bind()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in map(int, tids):
+                try:
+                    (msg,) = ts.get_pid_stat(tid)
+                except Exception:  # gone since the listing
+                    continue
+                raw = msg.get_attr("TASKSTATS_TYPE_AGGR_PID").get_attr("TASKSTATS_TYPE_STATS")
+                if raw["version"] not in (14, 16):
+                    pytest.fail(f"taskstats version {raw['version']}: freepages_count's offset is not known here")
+                st = v16(raw.data, raw.offset)
+                st.decode()
+                out[tid] = (bytes(st["ac_comm"]).split(b"\0")[0].decode(errors="replace"), st["freepages_count"])
+    return out
+
+
+class UntracedReclaim:
+    """Direct reclaim the kernel counted (taskstats) in threads no vmscan tracepoint reported.
+
+    This VM's kernel emits no tracepoint at all for its init's threads (`process_api`, measured:
+    0 sched_switch outs and 0 raw_syscalls against their schedstat run counts); when they reclaim,
+    /proc/vmstat's pgscan_direct holds scans no tracepoint can see. Per thread: a reclaim-pass count
+    grew while this program saw no begin for that thread."""
+
+    PROG = b"""
+BPF_HASH(seen, u32, u64, 65536);
+static int count(void) { u32 tid = bpf_get_current_pid_tgid(); seen.increment(tid); return 0; }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_begin) { return count(); }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_begin) { return count(); }
+"""
+
+    def __enter__(self):
+        from bcc import BPF
+
+        from mcp_hostagent.core import kernel
+
+        hc = kernel.find_kernel_headers()
+        if hc.bcc_kernel_source:
+            os.environ["BCC_KERNEL_SOURCE"] = hc.bcc_kernel_source
+        self.saved = open(DELAYACCT).read().strip()
+        self.bpf = BPF(text=self.PROG)
+        open(DELAYACCT, "w").write("1")
+        self.before = _freepages_counts()
+        return self
+
+    def untraced(self) -> dict[int, tuple[str, int]]:
+        """{tid: (comm, reclaim passes)} of live threads whose passes grew and that no begin named."""
+        seen = {k.value for k in self.bpf[b"seen"].keys()}
+        return {tid: (comm, n - self.before.get(tid, ("", 0))[1]) for tid, (comm, n) in _freepages_counts().items()
+                if n > self.before.get(tid, ("", 0))[1] and tid not in seen}
+
+    def __exit__(self, *exc):
+        open(DELAYACCT, "w").write(self.saved)
+        self.bpf.cleanup()
+
+
+@pytest.fixture
+def untraced():
+    with UntracedReclaim() as u:
+        yield u
+
+
+def test_kswapd_storm_matches_vmstat_and_links_request(make_agent, untraced):
     """A streaming reader under a raised min_free_kbytes keeps kswapd busy: a real, sustained storm.
 
     Watermarks (mm/page_alloc.c __setup_per_zone_wmarks): low = min + max(min/4, managed/1000),
@@ -311,19 +397,26 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent):
         kswapd_cpu = (sum(memstat.kswapd_cpu_ticks().values()) - ticks0) / CLK_TCK / (time.monotonic() - w0)
         time.sleep(0.5)
         t1, vm1 = totals(a), memstat.read_vmstat()
+        hidden = untraced.untraced()
         d = {k: vm1[k] - vm0[k] for k in ("pgscan_kswapd", "pgsteal_kswapd", "pgscan_direct", "pgsteal_direct")}
         assert d["pgsteal_kswapd"] > 10_000, d
-        # the same numbers shrink_inactive_list() adds to /proc/vmstat, summed by our probe
+        got = {k: t1[k] - t0[k] for k in ("scan_kswapd", "steal_kswapd", "scan_direct", "steal_direct",
+                                           "directs", "direct_ns")}
+        # the same numbers shrink_inactive_list() adds to /proc/vmstat, summed by our probe; where the
+        # kernel counted direct-reclaim passes in threads it reports to no tracepoint, vmstat's direct
+        # figures include scans nobody can trace: ours may then only fall short, never exceed
         for ours, theirs in (("scan_kswapd", "pgscan_kswapd"), ("steal_kswapd", "pgsteal_kswapd"),
                              ("scan_direct", "pgscan_direct"), ("steal_direct", "pgsteal_direct")):
-            got = {k: t1[k] - t0[k] for k in ("scan_kswapd", "steal_kswapd", "scan_direct", "steal_direct",
-                                               "directs", "direct_ns")}
-            assert abs(got[ours] - d[theirs]) <= max(32, d[theirs] // 100), (ours, got, d)
+            if hidden and ours.endswith("_direct"):
+                assert got[ours] <= d[theirs] + 32, (ours, got, d, hidden)
+            else:
+                assert abs(got[ours] - d[theirs]) <= max(32, d[theirs] // 100), (ours, got, d, hidden)
         # one direct_reclaim_begin/end pair per try_to_free_pages(); do_try_to_free_pages() counts
         # allocstall once per pass and retries a pass at most twice (memcg_low_skipped,
-        # skipped_deactivate: `goto retry` in mm/vmscan.c), so pairs <= allocstall <= 3 * pairs
+        # skipped_deactivate: `goto retry` in mm/vmscan.c), so pairs <= allocstall <= 3 * pairs, plus
+        # the untraced threads' passes
         pairs, stalls = t1["directs"] - t0["directs"], memstat.allocstall(vm1) - memstat.allocstall(vm0)
-        assert pairs <= stalls <= 3 * pairs, (pairs, stalls)
+        assert pairs <= stalls <= 3 * pairs + sum(n for _, n in hidden.values()), (pairs, stalls, hidden)
         (span,) = a.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{202:016x}"})
         # seconds kswapd was awake during the request, summed over the NUMA nodes' kswapds: some, and
         # no more than the request lasted, per node
@@ -337,7 +430,7 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent):
         assert storm, "host storm did not close and export"
         sa = storm[0].attributes
         print(f"storm: peak kswapd awake ratio {sa['hostagent.storm.peak.kswapd.utilization']}, kswapd CPU share {kswapd_cpu:.3f} "
-              f"from the last stimulus to kswapd's sleep; attempts {tried}")
+              f"from the last stimulus to kswapd's sleep; attempts {tried}; untraced direct reclaim {hidden}")
         assert sa["hostagent.storm.peak.kswapd.utilization"] > 0 and sa["hostagent.storm.peak.kswapd.utilization"] >= 0.9 * kswapd_cpu, \
             (sa, round(kswapd_cpu, 3), tried)
         assert sa["hostagent.storm.pgsteal_kswapd"] > 0
