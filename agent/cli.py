@@ -263,7 +263,8 @@ def _start_agent(cfg, progress, echo, reloads):
     for line in rep.tracefs:
         echo(f"  tracefs:  {line}")
     echo(f"  headers:  {rep.headers}")
-    echo(f"  bpf:      compiled in {rep.compile_s:.2f}s; probes {rep.plan.summary()}")
+    how = f" {rep.compile_processes};" if rep.compile_processes else ""
+    echo(f"  bpf:      compiled in {rep.compile_s:.2f}s;{how} probes {rep.plan.summary()}")
     for s in rep.plan.missing():
         echo(f"  missing:  {s.spec.name}: {s.reason}" + (f" (HINT: {s.hint})" if s.hint else ""))
     ups: dict[tuple[str, str], list[str]] = {}  # the libcuda uprobe families: (state, detail) -> names
@@ -375,7 +376,7 @@ def probes(config_path, dump):
     for x in loaded:
         x.bpf.cleanup()
     click.echo(f"kernel {os.uname().release}; headers: {hc.description}")
-    click.echo(f"compile: {sum(x.compile_s for x in loaded):.2f}s")
+    click.echo(f"compile: {sum(x.compile_s for x in loaded):.2f}s" + "".join(f"; {x.processes}" for x in loaded))
     click.echo(probes_mod.render_table(plan))
     if cuda_report:
         click.echo("\nlibcuda uprobes (`run` arms them per library inode as processes map it; "

@@ -70,7 +70,7 @@ timed(agent, "prepare_kernel", "kernel: tracefs, headers")
 timed(exporters, "from_config", "exporters: build")  # Agent.start calls exporters.from_config(cfg)
 timed(loader, "load", "loader.load")
 timed(loader, "_bpf_class", "import bcc", once=True)
-timed(loader, "_compile_quietly", "bcc/LLVM compile")  # run's compile: in a thread, begun ahead
+timed(loader, "_compile", "bcc/LLVM compile")  # run's compile: in a thread, begun ahead; both processes
 timed(loader, "_take_ahead", "compile wait")
 timed(CudaProbes, "start", "cuda: libcuda scan, calibration")
 timed(Telemetry, "__init__", "telemetry: providers")

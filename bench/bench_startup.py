@@ -9,8 +9,13 @@ with CLOCK_MONOTONIC, the clock the spawn time was taken on. One second later (t
 has run) the agent's memory is read from /proc/PID/smaps_rollup and SIGTERM is sent; stop is SIGTERM
 to the process's exit (drain, detach every probe, flush the exporters, interpreter exit).
 
-Runs alternate between the plain entry point (the headline numbers) and the same CLI under
-bench/_startup_probe.py, which wraps each start-up and shutdown step in a stopwatch (the breakdown).
+Runs alternate between the plain entry point (the headline numbers), the same with the BPF unit
+compiled in one process ($MCP_HOSTAGENT_COMPILE_SPLIT=0; by default a second process compiles part of it:
+agent/core/loader.py), and the same CLI under bench/_startup_probe.py, which wraps each start-up and
+shutdown step in a stopwatch (the breakdown). The two compile modes are compared round by round: the
+median of the per-round ratios of start and of compile time. Then the bench process itself calls
+loader.load() in both modes, taking turns: the compile's own ratio, without the CLI's import of the
+pipeline competing for the CPUs (on a host with many CPUs the CLI sees this one).
 With --drop-caches, a third kind of run first drops the page cache (echo 3 > drop_caches): a start
 from disk, as after a reboot; it slows everything else on the host for a moment.
 
@@ -69,6 +74,8 @@ def one_run(kind: str, tmp: str, i: int) -> dict:
     ns = c.notify_socket(f"startup{i}")
     env = c.cli_env(NOTIFY_SOCKET=ns.address, MCP_AGENT_CONTROL_SOCKET=os.path.join(tmp, f"ctl-{i}.sock"))
     args = ["run", "--no-status", "--jsonl", os.path.join(tmp, f"telemetry-{i}.jsonl")]
+    if kind == "single":
+        env["MCP_HOSTAGENT_COMPILE_SPLIT"] = "0"
     if kind == "instrumented":
         cmd = [c.agent_python(), str(c.BENCH / "_startup_probe.py"), out, *args]
     else:
@@ -164,6 +171,32 @@ def import_times(n: int = 10) -> list[tuple[str, float]]:
     return sorted(top, key=lambda x: -x[1])[:n]
 
 
+def compile_alone(rounds: int) -> list[tuple[float, float]]:
+    """loader.load in this process, two compile processes and one taking turns (ABBA), nothing else
+    running: the compile's own ratio, without the CLI's pipeline import competing for the CPUs.
+    Returns (two, one) seconds of load() (compile and attach) per round."""
+    from mcp_hostagent.config import load_config
+    from mcp_hostagent.core import kernel, loader, probes
+
+    cfg = load_config(None, env={})
+    kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
+    out = []
+    for r in range(rounds):
+        got = {}
+        for split in (("1", "0") if r % 2 == 0 else ("0", "1")):
+            os.environ[loader.SPLIT_ENV] = split
+            plan = probes.plan(cfg.probes_disable, off=probes.switched_off(cfg))
+            t0 = time.monotonic()
+            (ld,) = loader.load(plan, loader.bpf_settings(cfg))
+            got[split] = time.monotonic() - t0
+            ld.bpf.cleanup()
+            if split == "1" and ld.processes != "2 processes":
+                raise RuntimeError(f"the split compile did not happen: {ld.processes}")
+        out.append((got["1"], got["0"]))
+    os.environ.pop(loader.SPLIT_ENV, None)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 runs of each kind (~30 s)")
@@ -174,7 +207,7 @@ def main(argv=None) -> int:
     c.require_root()
     c.ensure_project_python()
     runs = a.runs or (3 if a.quick else 8)
-    kinds = ["plain", "instrumented"] + (["cold"] if a.drop_caches else [])
+    kinds = ["plain", "single", "instrumented"] + (["cold"] if a.drop_caches else [])
     warn = c.other_load_warning()
     if warn:
         print(warn)
@@ -187,7 +220,7 @@ def main(argv=None) -> int:
         one_run("plain", tmp, 0)
         for r in range(runs):
             guard.before()
-            for k in (kinds if r % 2 == 0 else kinds[::-1]):
+            for k in (kinds if r % 2 == 0 else kinds[::-1]):  # ABBA: drift falls on both modes alike
                 row = one_run(k, tmp, len(rows) + 1)
                 row["round"] = r
                 rows.append(row)
@@ -196,6 +229,7 @@ def main(argv=None) -> int:
                       f"stop {row['stop_s']:.2f} s, RSS {row['rss_mb']:.0f} MB, PSS {row['pss_mb']:.0f} MB", flush=True)
             guard.after()
         imports = import_times()
+    alone = compile_alone(runs)
 
     results = {"machine": c.machine(), "runs": runs, "warning": guard.note(), "target_s": TARGET_S, "rows": rows}
     keep = set(guard.pick(list(range(runs))))  # the clean rounds, if at least half are
@@ -206,7 +240,8 @@ def main(argv=None) -> int:
         s = {m: (c.med(x[m] for x in xs), max(x[m] for x in xs)) for m in ("start_s", "stop_s", "rss_mb", "pss_mb")}
         s["compile_s"] = (c.med(x.get("compile_s") for x in xs), max(x.get("compile_s", 0) for x in xs))
         results[k] = s
-        label = {"plain": "mcp-agent run", "instrumented": "same, steps timed", "cold": "after drop_caches"}[k]
+        label = {"plain": "mcp-agent run", "single": "same, one compile process", "instrumented": "same, steps timed",
+                 "cold": "after drop_caches"}[k]
         table.append([label, f"{s['start_s'][0]:.2f}", f"{s['start_s'][1]:.2f}", f"{s['compile_s'][0]:.2f}",
                       f"{s['stop_s'][0]:.2f}", f"{s['stop_s'][1]:.2f}", f"{s['rss_mb'][0]:.0f}",
                       f"{s['pss_mb'][0]:.0f}"])
@@ -223,6 +258,28 @@ def main(argv=None) -> int:
             summary.append({"what": "RSS / PSS one second after READY=1", "unit": "MB", "none": None,
                             "agent": s["rss_mb"][0], "added": None, "ratio": None,
                             "spread": f"PSS {s['pss_mb'][0]:.0f}"})
+    pairs = {}
+    for x in rows:
+        pairs.setdefault(x["round"], {})[x["kind"]] = x
+    for m in ("start_s", "compile_s"):
+        ratios = [p["plain"][m] / p["single"][m] for p in pairs.values()
+                  if "plain" in p and "single" in p and p["single"].get(m) and p["plain"].get(m)]
+        if ratios:
+            what = "start to READY=1" if m == "start_s" else "compile"
+            results[f"split_ratio_{m}"] = ratios
+            summary.append({"what": f"{what}, 2 compile processes / 1, median of {len(ratios)} rounds", "unit": "ratio",
+                            "none": None, "agent": None, "added": None, "ratio": c.med(ratios),
+                            "spread": f"{min(ratios):.2f}-{max(ratios):.2f}"})
+            print(f"  {what}: 2 compile processes / 1 process, median of {len(ratios)} paired rounds "
+                  f"{c.med(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
+    ratios = [two / one for two, one in alone]
+    results["compile_alone"] = alone
+    summary.append({"what": f"load() alone (compile, attach), 2 compile processes / 1, median of {len(ratios)} rounds",
+                    "unit": "ratio", "none": c.med(one for _, one in alone), "agent": c.med(two for two, _ in alone),
+                    "added": None, "ratio": c.med(ratios), "spread": f"{min(ratios):.2f}-{max(ratios):.2f}"})
+    print(f"  load() alone in this process: 2 compile processes {c.med(two for two, _ in alone):.3f} s, "
+          f"1 process {c.med(one for _, one in alone):.3f} s; ratio median {c.med(ratios):.3f} "
+          f"(range {min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} rounds)")
     c.print_table(f"start and stop, seconds (median, max over {len(rows) // len(kinds)} runs of each; rounds beside "
                   "another BPF tracer left out when at least half are clean); memory 1 s after READY=1 (median)",
                   ["run", "start", "max", "compile", "stop", "max", "RSS MB", "PSS MB"], table)

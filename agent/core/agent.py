@@ -59,6 +59,7 @@ class StartReport:
     plan: probes.ProbePlan
     sinks: list[str]
     sources: list  # core.capability.SourceStatus: NVML, Xid, PCIe sysfs, netlink
+    compile_processes: str = ""  # loader.Loaded.processes: "2 processes", or "1 process" and why
 
 
 bpf_settings = loader.bpf_settings  # a name of this module's: tests replace it here
@@ -199,7 +200,8 @@ class Agent:
             self.watcher.start()
         self.tick()
         self.reclaim.close_window()  # baseline of the reclaim totals: the first window counts from here
-        return StartReport(hc.description, mounted, self.health.compile_s, self.plan, exporters.describe(), sources)
+        return StartReport(hc.description, mounted, self.health.compile_s, self.plan, exporters.describe(), sources,
+                           "; ".join(x.processes for x in self.loaded))
 
     def _route_table(self) -> dict[int, Route]:
         """Record type -> its struct, builder and handlers: each capability's own records, plus the

@@ -7,8 +7,11 @@ harmless; they are captured and shown only when compilation fails.
 
 from __future__ import annotations
 
+import base64
 import ctypes
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -29,16 +32,43 @@ class Loaded:
     bpf: object  # bcc.BPF
     program: str
     compile_s: float
+    processes: str = ""  # how it was compiled: "2 processes", or "1 process" and why
 
 
 def _bpf_class():
-    from bcc import BPF
+    from bcc import BPF, libbcc
+
+    lib = libbcc.lib
+    lib.bcc_prog_load.restype = ctypes.c_int
+    lib.bcc_prog_load.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
+                                  ctypes.c_uint, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
 
     class ManualAttachBPF(BPF):
+        adopted: dict[bytes, bytes] = {}
+
         # bcc attaches every tracepoint__* function while constructing, and one failure raises for
         # all; we attach one by one so that each probe gets its own status.
         def _trace_autoload(self):
             pass
+
+        def adopt(self, funcs: dict[bytes, bytes], license: bytes, kern_version: int) -> None:
+            """Programs compiled by the worker process, their map references already this object's."""
+            self.adopted, self.adopted_license, self.adopted_kern_version = funcs, license, kern_version
+
+        def load_func(self, func_name, prog_type, device=None, attach_type=-1):
+            func_name = func_name if isinstance(func_name, bytes) else func_name.encode()
+            insns = self.adopted.get(func_name)
+            if insns is None or func_name in self.funcs:
+                return super().load_func(func_name, prog_type, device, attach_type)
+            # bcc's own load adds the module's BTF line info, which the worker's programs lack here:
+            # a verifier error then names instructions, not source lines (`probes --dump` has both)
+            fd = lib.bcc_prog_load(prog_type, func_name, insns, len(insns), self.adopted_license,
+                                   self.adopted_kern_version, 0, None, 0)
+            if fd < 0:
+                raise Exception(f"Failed to load BPF program {func_name.decode()}: {os.strerror(ctypes.get_errno())}")
+            fn = BPF.Function(self, func_name, fd)
+            self.funcs[func_name] = fn
+            return fn
 
     return ManualAttachBPF
 
@@ -128,6 +158,113 @@ def _compile_quietly(text: str, cflags: list[str], progress: Callable[[str], Non
     return bpf, time.monotonic() - t0
 
 
+# The tracepoint probes of these sources compile in a second process (compile_worker.py) while this
+# one compiles the rest: LLVM is most of start-up and libbcc runs one compile per process. This split
+# balanced the two halves on this code (docs/PERFORMANCE.md). Uprobes stay here: uprobe-multi
+# programs need bcc's own load, with an expected attach type.
+SIDE_PROGRAMS = ("http.bpf.c", "reclaim.bpf.c", "cuda.bpf.c", "health.bpf.c")
+SPLIT_ENV = "MCP_HOSTAGENT_COMPILE_SPLIT"  # "0": one compile process (bench_startup compares the two)
+BPF_LD_IMM64, BPF_PSEUDO_MAP_FD = 0x18, 1  # include/uapi/linux/bpf.h
+WORKER_TIMEOUT_S = 60.0  # after this process's own compile: far above any compile seen (~2.5 s)
+
+
+def side_macros(plan: ProbePlan) -> tuple[str, ...]:
+    """The probe macros the worker compiles; () for one process (one CPU, or nothing to split)."""
+    if os.environ.get(SPLIT_ENV, "1") == "0" or len(os.sched_getaffinity(0)) < 2:
+        return ()
+    enabled = plan.enabled()
+    side = tuple(s.macro for s in enabled if s.program in SIDE_PROGRAMS and s.kind != "uprobe")
+    return side if len(side) < len(enabled) else ()
+
+
+def _rebind_maps(name: str, insns: bytearray, worker_maps: dict[str, str], fd_of: Callable[[str], int]) -> None:
+    """Rewrite each map reference (ld_imm64 with BPF_PSEUDO_MAP_FD: the worker's fd) to this
+    process's map of the same name. Any other pseudo load would name an object we cannot move."""
+    i = 0
+    while i + 8 <= len(insns):
+        if insns[i] == BPF_LD_IMM64:
+            src = insns[i + 1] >> 4
+            if src == BPF_PSEUDO_MAP_FD:
+                theirs = int.from_bytes(insns[i + 4:i + 8], "little", signed=True)
+                table = worker_maps.get(str(theirs))
+                mine = fd_of(table) if table else -1
+                if mine < 0:
+                    raise ValueError(f"{name}: map fd {theirs} ({table or 'not a table'}) has no map here")
+                insns[i + 4:i + 8] = mine.to_bytes(4, "little", signed=True)
+            elif src:
+                raise ValueError(f"{name}: ld_imm64 with src_reg {src} cannot be moved between processes")
+            i += 16
+        else:
+            i += 8
+
+
+def _compile(text: str, cflags: list[str], side: tuple[str, ...], progress: Callable[[str], None] | None):
+    """(bpf, seconds, how): the unit compiled here, with the side's probes compiled in parallel by
+    compile_worker.py and adopted; anything wrong with the worker's part compiles it all here."""
+    if not side:
+        return (*_compile_quietly(text, cflags, progress), "1 process")
+    t0 = time.monotonic()
+    picked = {f"-D{m}=1" for m in side}
+    main_flags = [f for f in cflags if f not in picked]
+    side_flags = [f for f in cflags if f in picked or not f.startswith("-DMCP_PROBE_")]
+    try:
+        # `-m` puts the working directory first on sys.path: run from / (root's) so that a module
+        # planted where the agent was started cannot run as root; PYTHONPATH (bcc, on some hosts) is kept
+        worker = subprocess.Popen([sys.executable, "-m", f"{__package__}.compile_worker"], cwd="/",
+                                  env=dict(os.environ, PYTHONSAFEPATH="1"), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as e:
+        return (*_compile_quietly(text, cflags, progress), f"1 process (worker: {e})")
+    feed = threading.Thread(target=_feed, args=(worker, json.dumps({"text": text, "cflags": side_flags}).encode()),
+                            name="bpf-compile-feed", daemon=True)
+    feed.start()
+    try:
+        bpf, _ = _compile_quietly(text, main_flags, progress)
+    except BaseException:
+        worker.kill()
+        _collect(worker, feed)
+        raise
+    try:
+        out, err = _collect(worker, feed, WORKER_TIMEOUT_S)
+        if worker.returncode != 0:
+            lines = [ln for ln in err.decode(errors="replace").splitlines() if "error" in ln]
+            raise ValueError(f"exit {worker.returncode}: {'; '.join(lines[:2]) or 'no error line'}")
+        reply = json.loads(out)
+        from bcc import libbcc
+
+        fd_of = lambda table: libbcc.lib.bpf_table_fd(bpf.module, table.encode())  # noqa: E731
+        funcs = {}
+        for name, b64 in reply["funcs"].items():
+            if libbcc.lib.bpf_function_start(bpf.module, name.encode()):
+                raise ValueError(f"{name} compiled in both processes")
+            insns = bytearray(base64.b64decode(b64))
+            _rebind_maps(name, insns, reply["maps"], fd_of)
+            funcs[name.encode()] = bytes(insns)
+        bpf.adopt(funcs, reply["license"].encode(), int(reply["kern_version"]))
+    except (ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as e:
+        if worker.poll() is None:
+            worker.kill()
+            _collect(worker, feed)
+        bpf.cleanup()
+        bpf, _ = _compile_quietly(text, cflags, progress)
+        return bpf, time.monotonic() - t0, f"1 process (the worker's part: {e})"
+    return bpf, time.monotonic() - t0, "2 processes"
+
+
+def _collect(worker: subprocess.Popen, feed: threading.Thread, timeout: float | None = None) -> tuple[bytes, bytes]:
+    feed.join(timeout)
+    worker.stdin = None  # closed by _feed; communicate() would flush it
+    return worker.communicate(timeout=timeout)
+
+
+def _feed(worker: subprocess.Popen, data: bytes) -> None:
+    try:
+        worker.stdin.write(data)
+        worker.stdin.close()
+    except OSError:  # it died: communicate() reports its exit
+        pass
+
+
 MADV_PAGEOUT = 21  # Linux >= 5.4; older kernels answer EINVAL and keep the pages
 _COMPILER_LIBS = ("libLLVM", "libclang")
 
@@ -167,7 +304,7 @@ class _Ahead:
 
     def _run(self, progress) -> None:
         try:
-            self.result = _compile_quietly(self.key[0], list(self.key[1]), progress)
+            self.result = _compile(self.key[0], list(self.key[1]), self.key[2], progress)
         except LoadError as e:
             self.error = e
         except Exception:  # noqa: BLE001 - bcc not importable, say: load() compiles again and reports it
@@ -189,7 +326,7 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
         _check_header_tree()
     except LoadError:
         return  # load() reports it
-    _ahead = _Ahead((unit_source(), tuple(cflags_for(plan, settings))), progress)
+    _ahead = _Ahead((unit_source(), tuple(cflags_for(plan, settings)), side_macros(plan)), progress)
     _ahead.thread.start()
 
 
@@ -206,7 +343,7 @@ def compile_ahead_for(cfg, progress: Callable[[str], None] | None = None) -> Non
 
 
 def _take_ahead(key: tuple):
-    """The compile begun ahead for key (bpf, seconds), raising its LoadError; None if there is none
+    """The compile begun ahead for key (bpf, seconds, how), raising its LoadError; None if there is none
     (one begun for another key is waited for and freed)."""
     global _ahead
     job, _ahead = _ahead, None
@@ -237,12 +374,12 @@ def load(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], No
     if not enabled:
         return []
     try:
-        key = (unit_source(), tuple(cflags_for(plan, settings) + list(extra_cflags)))
+        key = (unit_source(), tuple(cflags_for(plan, settings) + list(extra_cflags)), side_macros(plan))
         got = _take_ahead(key)
         if got is None:
             _check_header_tree()
-            got = _compile_quietly(key[0], list(key[1]), progress)
-        bpf, secs = got
+            got = _compile(key[0], list(key[1]), key[2], progress)
+        bpf, secs, processes = got
     except LoadError as e:
         for spec in enabled:
             plan.mark(spec.name, MISSING, str(e), "check kernel headers (mcp-agent probes --dump shows the source and flags)")
@@ -256,4 +393,4 @@ def load(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], No
             plan.mark(spec.name, ATTACHED, "")
         except Exception as e:  # bcc raises bare Exception with the kernel's reason
             plan.mark(spec.name, MISSING, f"attach {spec.tracepoint}: {e}", spec.hint)
-    return [Loaded(bpf, UNIT_NAME, secs)]
+    return [Loaded(bpf, UNIT_NAME, secs, processes)]

@@ -1,0 +1,56 @@
+"""The second compile process: compiles the unit with the side's probe macros and hands back the
+instructions of its programs, not loaded.
+
+Run by core/loader.py as `python -m mcp_hostagent.core.compile_worker`, beside the agent's own compile
+of the other probes: libbcc cannot run two compiles in one process (a SIGSEGV, seen), and LLVM is
+most of start-up. Request on stdin, JSON {"text", "cflags"}; reply on stdout, JSON {"funcs": {name:
+base64 instructions}, "maps": {fd: table name}, "license", "kern_version"}. The instructions name
+this process's map fds (BPF_PSEUDO_MAP_FD); the agent rewrites them to its own maps of the same
+names and loads the programs itself. These maps die with this process. Compiler output goes to
+stderr, which the agent shows only when the compile fails.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import os
+import sys
+
+
+def main() -> int:
+    req = json.loads(sys.stdin.buffer.read())
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # libbcc prints some errors on stdout, which carries the reply
+
+    from bcc import BPF, libbcc
+
+    class NoAutoAttach(BPF):
+        def _trace_autoload(self):  # attached by the agent, not here
+            pass
+
+    lib = libbcc.lib
+    lib.bpf_num_tables.restype, lib.bpf_num_tables.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+    lib.bpf_table_name.restype, lib.bpf_table_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_size_t]
+    lib.bpf_table_fd_id.restype, lib.bpf_table_fd_id.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]
+    try:
+        b = NoAutoAttach(text=req["text"].encode(), cflags=req["cflags"])
+    except Exception as e:  # noqa: BLE001 - bcc raises bare Exception; the diagnostics are on stderr
+        print(f"compile: {e}", file=sys.stderr)
+        return 1
+    m = b.module
+    funcs = {}
+    for i in range(lib.bpf_num_functions(m)):
+        name = lib.bpf_function_name(m, i)
+        funcs[name.decode()] = base64.b64encode(
+            ctypes.string_at(lib.bpf_function_start(m, name), lib.bpf_function_size(m, name))).decode()
+    maps = {str(lib.bpf_table_fd_id(m, i)): lib.bpf_table_name(m, i).decode() for i in range(lib.bpf_num_tables(m))}
+    json.dump({"funcs": funcs, "maps": maps, "license": lib.bpf_module_license(m).decode(),
+               "kern_version": lib.bpf_module_kern_version(m)}, reply)
+    reply.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The BPF unit compiled in two processes (core/loader.py, core/compile_worker.py).
+
+The worker's programs come back with its own map fds in their instructions; the agent rewrites them
+to its maps of the same names and loads them. Checked with the kernel's own record of which maps a
+loaded program uses (BPF_OBJ_GET_INFO_BY_FD: map_ids), and with a worker that fails.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import sys
+
+import pytest
+
+from mcp_hostagent.core import loader, probes
+
+BPF_OBJ_GET_INFO_BY_FD = 15  # include/uapi/linux/bpf.h enum bpf_cmd
+_libc = ctypes.CDLL(None, use_errno=True)
+_NR_BPF = 321  # x86_64
+
+
+def _info(fd: int, size: int, map_ids: ctypes.Array | None = None) -> bytes:
+    """struct bpf_prog_info / bpf_map_info of fd (the first `size` bytes). For a program, map_ids
+    receives its maps' ids (info.nr_map_ids at 52, info.map_ids at 56)."""
+    info = ctypes.create_string_buffer(size)
+    if map_ids is not None:
+        struct.pack_into("<IQ", info, 52, len(map_ids), ctypes.addressof(map_ids))
+    attr = struct.pack("<IIQ", fd, size, ctypes.addressof(info))
+    abuf = ctypes.create_string_buffer(attr, len(attr))
+    if _libc.syscall(_NR_BPF, BPF_OBJ_GET_INFO_BY_FD, abuf, len(attr)) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return info.raw
+
+
+def prog_map_ids(fd: int) -> set[int]:
+    ids = (ctypes.c_uint32 * 64)()
+    n = struct.unpack_from("<I", _info(fd, 64 + 16, ids), 52)[0]
+    assert n <= 64
+    return set(ids[:n])
+
+
+def map_id(fd: int) -> int:
+    return struct.unpack_from("<I", _info(fd, 8), 4)[0]
+
+
+# ---- the rewrite, on hand-made instructions ----
+
+def insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+def imm_of(b: bytes, i: int) -> int:
+    return struct.unpack_from("<i", b, 8 * i + 4)[0]
+
+
+def test_map_references_are_rewritten_and_nothing_else():
+    prog = bytearray(insn(0x18, dst=1, src=1, imm=7) + insn(0) +   # ld_imm64 r1 = map fd 7
+                     insn(0x18, dst=2, imm=7) + insn(0) +          # ld_imm64 r2 = 7, a plain constant
+                     insn(0xb7, dst=0, imm=7) +                    # mov r0, 7
+                     insn(0x18, dst=3, src=1, imm=9) + insn(0) +   # ld_imm64 r3 = map fd 9
+                     insn(0x95))                                   # exit
+    loader._rebind_maps("p", prog, {"7": "a", "9": "b"}, {"a": 42, "b": 43}.__getitem__)
+    assert [imm_of(prog, i) for i in range(8)] == [42, 0, 7, 0, 7, 43, 0, 0]
+
+
+@pytest.mark.parametrize("prog,why", [
+    (insn(0x18, dst=1, src=1, imm=5) + insn(0), "map fd 5 (not a table)"),        # not one of the worker's tables
+    (insn(0x18, dst=1, src=1, imm=7) + insn(0), "map fd 7 (a) has no map here"),  # a table we lack
+    (insn(0x18, dst=1, src=2, imm=7) + insn(0), "src_reg 2"),                      # BPF_PSEUDO_MAP_VALUE
+])
+def test_a_reference_that_cannot_be_moved_is_refused(prog, why):
+    with pytest.raises(ValueError, match=why.replace("(", r"\(").replace(")", r"\)")):
+        loader._rebind_maps("p", bytearray(prog), {"7": "a"}, lambda t: -1)
+
+
+# ---- which probes the worker compiles ----
+
+def _plan():
+    return probes.plan((), exists=lambda cat, ev: True)
+
+
+def test_the_worker_takes_tracepoint_probes_of_its_sources_never_uprobes(monkeypatch):
+    monkeypatch.setenv(loader.SPLIT_ENV, "1")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    plan = _plan()
+    side = set(loader.side_macros(plan))
+    by_macro = {s.macro: s for s in plan.enabled()}
+    assert side and side < set(by_macro)
+    assert {by_macro[m].program for m in side} <= set(loader.SIDE_PROGRAMS)
+    assert all(by_macro[m].kind != "uprobe" for m in side)
+    assert by_macro["MCP_PROBE_MARKER"].macro not in side  # requests.bpf.c stays here
+
+
+def test_one_process_on_one_cpu_or_when_asked(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert loader.side_macros(_plan()) == ()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setenv(loader.SPLIT_ENV, "0")
+    assert loader.side_macros(_plan()) == ()
+
+
+# ---- real compiles ----
+
+def _load(monkeypatch, split: str):
+    from mcp_hostagent.config import load_config
+    from mcp_hostagent.core import kernel
+
+    cfg = load_config(None, env={})
+    kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
+    monkeypatch.setenv(loader.SPLIT_ENV, split)
+    plan = probes.plan(cfg.probes_disable, off=probes.switched_off(cfg))
+    (got,) = loader.load(plan, loader.bpf_settings(cfg))
+    return got, plan
+
+
+@pytest.mark.bpf
+def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path):
+    """Also: started from a directory holding a planted worker module, the agent runs its own."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("one CPU: the unit compiles in one process here, and this test checks the split")
+    from bcc import BPF, libbcc
+
+    planted = tmp_path / "mcp_hostagent" / "core"
+    planted.mkdir(parents=True)
+    for d in (planted, planted.parent):
+        (d / "__init__.py").write_text("")
+    marker = tmp_path / "planted-ran"
+    (planted / "compile_worker.py").write_text(f"open({str(marker)!r}, 'w').write('root')\n")
+    monkeypatch.chdir(tmp_path)
+    got, plan = _load(monkeypatch, "1")
+    try:
+        assert not marker.exists(), "the worker ran a module from the agent's working directory"
+        assert got.processes == "2 processes"
+        b = got.bpf
+        assert b.adopted, "no program came from the worker"
+        lib = libbcc.lib
+        lib.bpf_num_tables.restype, lib.bpf_num_tables.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+        lib.bpf_table_name.restype, lib.bpf_table_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_size_t]
+        ours = {map_id(lib.bpf_table_fd(b.module, lib.bpf_table_name(b.module, i)))
+                for i in range(lib.bpf_num_tables(b.module))}
+        side = {s.fn_name.encode() for s in plan.enabled()
+                if s.macro in loader.side_macros(plan) and s.kind in probes.TRACEPOINT_KINDS}
+        assert set(b.adopted) >= side
+        for name in b.adopted:
+            used = prog_map_ids(b.load_func(name, BPF.TRACEPOINT).fd)
+            assert used and used <= ours, (name, used, ours)
+        attached = {n for n, s in plan.statuses.items() if s.state == probes.ATTACHED}
+        assert {s.name for s in plan.enabled() if s.macro in loader.side_macros(plan)
+                and s.kind in probes.TRACEPOINT_KINDS} <= attached
+    finally:
+        got.bpf.cleanup()
+
+
+@pytest.mark.bpf
+def test_a_failing_worker_leaves_one_process_compiling_everything(monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the worker exits 1 at once
+    got, plan = _load(monkeypatch, "1")
+    try:
+        assert got.processes.startswith("1 process (the worker's part: exit 1"), got.processes
+        assert not got.bpf.adopted
+        single, plan1 = _load(monkeypatch, "0")
+        single.bpf.cleanup()
+        assert {n: s.state for n, s in plan.statuses.items()} == {n: s.state for n, s in plan1.statuses.items()}
+    finally:
+        got.bpf.cleanup()
