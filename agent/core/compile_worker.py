@@ -19,6 +19,17 @@ import os
 import sys
 
 
+def tables(module) -> dict[int, str]:
+    """{map fd: table name} of a compiled bcc module (libbcc exports these; bcc's Python does not declare them)."""
+    from bcc import libbcc
+
+    lib = libbcc.lib
+    lib.bpf_num_tables.restype, lib.bpf_num_tables.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+    lib.bpf_table_name.restype, lib.bpf_table_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_size_t]
+    lib.bpf_table_fd_id.restype, lib.bpf_table_fd_id.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]
+    return {lib.bpf_table_fd_id(module, i): lib.bpf_table_name(module, i).decode() for i in range(lib.bpf_num_tables(module))}
+
+
 def main() -> int:
     req = json.loads(sys.stdin.buffer.read())
     reply = os.fdopen(os.dup(1), "w")
@@ -31,9 +42,6 @@ def main() -> int:
             pass
 
     lib = libbcc.lib
-    lib.bpf_num_tables.restype, lib.bpf_num_tables.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
-    lib.bpf_table_name.restype, lib.bpf_table_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_size_t]
-    lib.bpf_table_fd_id.restype, lib.bpf_table_fd_id.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]
     try:
         b = NoAutoAttach(text=req["text"].encode(), cflags=req["cflags"])
     except Exception as e:  # noqa: BLE001 - bcc raises bare Exception; the diagnostics are on stderr
@@ -45,7 +53,7 @@ def main() -> int:
         name = lib.bpf_function_name(m, i)
         funcs[name.decode()] = base64.b64encode(
             ctypes.string_at(lib.bpf_function_start(m, name), lib.bpf_function_size(m, name))).decode()
-    maps = {str(lib.bpf_table_fd_id(m, i)): lib.bpf_table_name(m, i).decode() for i in range(lib.bpf_num_tables(m))}
+    maps = {str(fd): name for fd, name in tables(m).items()}
     json.dump({"funcs": funcs, "maps": maps, "license": lib.bpf_module_license(m).decode(),
                "kern_version": lib.bpf_module_kern_version(m)}, reply)
     reply.close()

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from mcp_hostagent.core import loader, probes
+from mcp_hostagent.core import compile_worker, loader, probes
 
 BPF_OBJ_GET_INFO_BY_FD = 15  # include/uapi/linux/bpf.h enum bpf_cmd
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -120,7 +120,7 @@ def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path):
     """Also: started from a directory holding a planted worker module, the agent runs its own."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.fail("one CPU: the unit compiles in one process here, and this test checks the split")
-    from bcc import BPF, libbcc
+    from bcc import BPF
 
     planted = tmp_path / "mcp_hostagent" / "core"
     planted.mkdir(parents=True)
@@ -135,11 +135,7 @@ def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path):
         assert got.processes == "2 processes"
         b = got.bpf
         assert b.adopted, "no program came from the worker"
-        lib = libbcc.lib
-        lib.bpf_num_tables.restype, lib.bpf_num_tables.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
-        lib.bpf_table_name.restype, lib.bpf_table_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_size_t]
-        ours = {map_id(lib.bpf_table_fd(b.module, lib.bpf_table_name(b.module, i)))
-                for i in range(lib.bpf_num_tables(b.module))}
+        ours = {map_id(fd) for fd in compile_worker.tables(b.module)}
         side = {s.fn_name.encode() for s in plan.enabled()
                 if s.macro in loader.side_macros(plan) and s.kind in probes.TRACEPOINT_KINDS}
         assert set(b.adopted) >= side
