@@ -595,8 +595,14 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	u64 now = bpf_ktime_get_ns();
 
 	struct mcp_req_state *st = req_by_tid.lookup(&tid);
-	if (st) {
+	/* The thread's last slice, from its switch-in to here: sched_switch takes no slice from a
+	 * dying prev (its entries are gone by then), so without this a process that exits while
+	 * running loses its final slice. */
+	int w = watched(tgid), traced = st != 0;
+	asm volatile("" : "+r"(w), "+r"(traced));  /* as in sched_switch: no OR of a map pointer */
+	if (traced || w)
 		slice_split(tid, tgid, now, st);
+	if (st) {
 		emit_end(pid_tgid, now, st, MCP_END_THREAD_EXIT);
 		close_request(tid, tgid);
 	}

@@ -234,3 +234,30 @@ def test_a_switch_in_not_seen_is_counted_and_its_slice_kept(agent, child):
     assert renamed >= 1 and u1 - u0 >= renamed, (renamed, u1 - u0)
     on = c1[0] - c0[0]
     assert e1 - e0 >= 20 * MS and close_to(on, e1 - e0), (on, e1 - e0)
+
+
+def test_a_process_that_exits_while_running_keeps_its_last_slice(agent):
+    """A process that spins into its exit: sched_switch takes no slice from a dying task, so the slice
+    from its last switch-in to sched_process_exit is split there, and the exit record's on-CPU time
+    holds it. The kernel's figure: schedstat before the spin, wait4's rusage after the reap."""
+    c = Child()
+    try:
+        c.do("begin 510", "end 510")  # watched from its first marker on
+        agent.wait_spans(1, **{"process.pid": c.pid, "hostagent.request.id": f"{510:016x}"})
+        settle(c)
+        on0, e0 = proc(agent, c.pid)[0], exec_ns(c.pid)
+        c.p.stdin.write("exit 150\n")
+        c.p.stdin.flush()
+        _, _, ru = os.wait4(c.pid, 0)
+        c.p.returncode = 0  # reaped here, for its rusage
+        kernel = round((ru.ru_utime + ru.ru_stime) * 1e9) - e0
+        exited = agent.agent.processes._exited
+        deadline = time.monotonic() + 5
+        while c.pid not in exited:
+            assert time.monotonic() < deadline, "no exit record"
+            time.sleep(0.05)
+        on = exited[c.pid][2].oncpu_ns - on0
+        # rusage's times are sum_exec_runtime split by tick samples: their sum is the kernel's total
+        assert kernel >= 100 * MS and close_to(on, kernel), (on, kernel)
+    finally:
+        c.close()

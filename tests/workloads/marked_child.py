@@ -5,8 +5,8 @@ Commands, one per line: `begin RID TRACEPARENT`, `end RID`, `touch N` (N first-t
 `sleep K MS` (K voluntary switches), `spin MS` (busy loop), `busy RID MS` (a request that only spins:
 no switch of its own between its begin and end), `read PATH` (through the page cache), `mapread PATH`
 (map it and touch each page), `thread_exit RID` (a thread begins a
-request and exits inside it), `raw MAGIC VERSION OP` (a hand-made marker), `badptr`, `exit`.
-Each command answers `ok` when done."""
+request and exits inside it), `raw MAGIC VERSION OP` (a hand-made marker), `badptr`, `exit [MS]`
+(spin MS, then exit without an answer). Other commands answer `ok` when done."""
 
 import ctypes
 import mmap
@@ -31,6 +31,12 @@ def touch(n: int) -> None:
     keep.append(buf)
 
 
+def spin(ms: int) -> None:
+    t = time.monotonic() + ms / 1000
+    while time.monotonic() < t:
+        pass
+
+
 def main() -> None:
     # warm every code path used between handshakes so they fault nothing later
     touch(1)
@@ -49,14 +55,10 @@ def main() -> None:
             for _ in range(int(args[0])):
                 time.sleep(int(args[1]) / 1000)
         elif cmd == "spin":
-            t = time.monotonic() + int(args[0]) / 1000
-            while time.monotonic() < t:
-                pass
+            spin(int(args[0]))
         elif cmd == "busy":
             marker.begin(int(args[0]))
-            t = time.monotonic() + int(args[1]) / 1000
-            while time.monotonic() < t:
-                pass
+            spin(int(args[1]))
             marker.end(int(args[0]))
         elif cmd == "thread_exit":
             t = threading.Thread(target=marker.begin, args=(int(args[0]), None))
@@ -80,6 +82,7 @@ def main() -> None:
         elif cmd == "badptr":
             libc.ioctl(-1, C["MCP_MARK_CMD"], 0x10)
         elif cmd == "exit":
+            spin(int(args[0]) if args else 0)
             return
         out.write("ok\n")
         out.flush()
