@@ -16,6 +16,7 @@ import base64
 import ctypes
 import json
 import os
+import signal
 import sys
 
 
@@ -31,6 +32,10 @@ def tables(module) -> dict[int, str]:
 
 
 def main() -> int:
+    # The agent decides when this process stops: a ^C or systemd's SIGTERM to the unit's cgroup is
+    # for the agent, which finishes its start (taking this reply) and then stops, or kills us.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     req = json.loads(sys.stdin.buffer.read())
     reply = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # libbcc prints some errors on stdout, which carries the reply

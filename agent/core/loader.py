@@ -60,6 +60,8 @@ def _bpf_class():
             insns = self.adopted.get(func_name)
             if insns is None or func_name in self.funcs:
                 return super().load_func(func_name, prog_type, device, attach_type)
+            if device is not None or attach_type != -1:  # SIDE_PROGRAMS holds tracepoint probes only
+                raise Exception(f"{func_name.decode()} was compiled by the worker: no offload or attach type")
             # bcc's own load adds the module's BTF line info, which the worker's programs lack here:
             # a verifier error then names instructions, not source lines (`probes --dump` has both)
             fd = lib.bcc_prog_load(prog_type, func_name, insns, len(insns), self.adopted_license,
@@ -170,7 +172,8 @@ WORKER_TIMEOUT_S = 60.0  # after this process's own compile: far above any compi
 
 def side_macros(plan: ProbePlan) -> tuple[str, ...]:
     """The probe macros the worker compiles; () for one process (one CPU, or nothing to split)."""
-    if os.environ.get(SPLIT_ENV, "1") == "0" or len(os.sched_getaffinity(0)) < 2:
+    # _rebind_maps reads the instructions' immediates as little-endian
+    if os.environ.get(SPLIT_ENV, "1") == "0" or len(os.sched_getaffinity(0)) < 2 or sys.byteorder != "little":
         return ()
     enabled = plan.enabled()
     side = tuple(s.macro for s in enabled if s.program in SIDE_PROGRAMS and s.kind != "uprobe")
@@ -207,62 +210,91 @@ def _compile(text: str, cflags: list[str], side: tuple[str, ...], progress: Call
     picked = {f"-D{m}=1" for m in side}
     main_flags = [f for f in cflags if f not in picked]
     side_flags = [f for f in cflags if f in picked or not f.startswith("-DMCP_PROBE_")]
+    # the worker's diagnostics go to a file, not a pipe: a compile that warns more than a pipe holds
+    # (mismatched kernel headers do) would block the worker until this process's compile is done
+    diag = tempfile.TemporaryFile()
     try:
         # `-m` puts the working directory first on sys.path: run from / (root's) so that a module
-        # planted where the agent was started cannot run as root; PYTHONPATH (bcc, on some hosts) is kept
+        # planted where the agent was started cannot run as root; PYTHONPATH (bcc, on some hosts) is
+        # kept. Its own session, and it ignores the stop signals (compile_worker.py): a ^C or systemd's
+        # SIGTERM to the unit's cgroup stops the agent, which stops the worker (_stop) or takes its reply.
         worker = subprocess.Popen([sys.executable, "-m", f"{__package__}.compile_worker"], cwd="/",
                                   env=dict(os.environ, PYTHONSAFEPATH="1"), stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                  stdout=subprocess.PIPE, stderr=diag, start_new_session=True)
     except OSError as e:
+        diag.close()
         return (*_compile_quietly(text, cflags, progress), f"1 process (worker: {e})")
-    feed = threading.Thread(target=_feed, args=(worker, json.dumps({"text": text, "cflags": side_flags}).encode()),
-                            name="bpf-compile-feed", daemon=True)
-    feed.start()
-    try:
-        bpf, _ = _compile_quietly(text, main_flags, progress)
-    except BaseException:
-        worker.kill()
-        _collect(worker, feed)
-        raise
-    try:
-        out, err = _collect(worker, feed, WORKER_TIMEOUT_S)
-        if worker.returncode != 0:
-            lines = [ln for ln in err.decode(errors="replace").splitlines() if "error" in ln]
-            raise ValueError(f"exit {worker.returncode}: {'; '.join(lines[:2]) or 'no error line'}")
-        reply = json.loads(out)
-        from bcc import libbcc
-
-        fd_of = lambda table: libbcc.lib.bpf_table_fd(bpf.module, table.encode())  # noqa: E731
-        funcs = {}
-        for name, b64 in reply["funcs"].items():
-            if libbcc.lib.bpf_function_start(bpf.module, name.encode()):
-                raise ValueError(f"{name} compiled in both processes")
-            insns = bytearray(base64.b64decode(b64))
-            _rebind_maps(name, insns, reply["maps"], fd_of)
-            funcs[name.encode()] = bytes(insns)
-        bpf.adopt(funcs, reply["license"].encode(), int(reply["kern_version"]))
-    except (ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as e:
-        if worker.poll() is None:
-            worker.kill()
-            _collect(worker, feed)
-        bpf.cleanup()
-        bpf, _ = _compile_quietly(text, cflags, progress)
-        return bpf, time.monotonic() - t0, f"1 process (the worker's part: {e})"
+    with diag:
+        feed = threading.Thread(target=_feed, args=(worker.stdin, json.dumps({"text": text, "cflags": side_flags}).encode()),
+                                name="bpf-compile-feed", daemon=True)
+        worker.stdin = None  # _feed writes and closes it; communicate() must not flush it
+        feed.start()
+        try:
+            bpf, _ = _compile_quietly(text, main_flags, progress)
+        except BaseException:
+            _stop(worker, feed)
+            raise
+        try:
+            reply = _reply(worker, feed, diag)
+            bpf.adopt(_adopted(bpf, reply), reply["license"].encode(), int(reply["kern_version"]))
+        except (ValueError, KeyError, TypeError, AttributeError, subprocess.TimeoutExpired) as e:
+            _stop(worker, feed)
+            bpf.cleanup()
+            bpf, _ = _compile_quietly(text, cflags, progress)
+            return bpf, time.monotonic() - t0, f"1 process (the worker's part: {e})"
+        except BaseException:
+            _stop(worker, feed)
+            bpf.cleanup()
+            raise
     return bpf, time.monotonic() - t0, "2 processes"
 
 
-def _collect(worker: subprocess.Popen, feed: threading.Thread, timeout: float | None = None) -> tuple[bytes, bytes]:
-    feed.join(timeout)
-    worker.stdin = None  # closed by _feed; communicate() would flush it
-    return worker.communicate(timeout=timeout)
+def _reply(worker: subprocess.Popen, feed: threading.Thread, diag) -> dict:
+    """The worker's reply, within WORKER_TIMEOUT_S of this process's own compile."""
+    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    feed.join(WORKER_TIMEOUT_S)
+    out, _ = worker.communicate(timeout=max(0.0, deadline - time.monotonic()))
+    if worker.returncode != 0:
+        diag.seek(0)
+        lines = [ln for ln in diag.read().decode(errors="replace").splitlines() if "error" in ln]
+        raise ValueError(f"exit {worker.returncode}: {'; '.join(lines[:2]) or 'no error line'}")
+    return json.loads(out)
 
 
-def _feed(worker: subprocess.Popen, data: bytes) -> None:
+def _adopted(bpf, reply: dict) -> dict[bytes, bytes]:
+    """The worker's programs, their map references rewritten to bpf's maps. A program both compiled
+    (one no probe macro guards, such as a test's -D adds) is left to this process's own."""
+    from bcc import libbcc
+
+    fd_of = lambda table: libbcc.lib.bpf_table_fd(bpf.module, table.encode())  # noqa: E731
+    funcs = {}
+    for name, b64 in reply["funcs"].items():
+        if libbcc.lib.bpf_function_start(bpf.module, name.encode()):
+            continue
+        insns = bytearray(base64.b64decode(b64))
+        _rebind_maps(name, insns, reply["maps"], fd_of)
+        funcs[name.encode()] = bytes(insns)
+    return funcs
+
+
+def _stop(worker: subprocess.Popen, feed: threading.Thread) -> None:
+    if worker.poll() is None:
+        worker.kill()
+    worker.wait()
+    worker.stdout.close()
+    feed.join()  # the write ends with EPIPE once the worker is gone
+
+
+def _feed(stdin, data: bytes) -> None:
     try:
-        worker.stdin.write(data)
-        worker.stdin.close()
-    except OSError:  # it died: communicate() reports its exit
+        stdin.write(data)
+    except OSError:  # it died: its exit status says why
         pass
+    finally:
+        try:
+            stdin.close()
+        except OSError:
+            pass
 
 
 MADV_PAGEOUT = 21  # Linux >= 5.4; older kernels answer EINVAL and keep the pages

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import struct
 import sys
+import time
 
 import pytest
 
@@ -103,7 +105,7 @@ def test_one_process_on_one_cpu_or_when_asked(monkeypatch):
 
 # ---- real compiles ----
 
-def _load(monkeypatch, split: str):
+def _load(monkeypatch, split: str, extra_cflags: tuple[str, ...] = ()):
     from mcp_hostagent.config import load_config
     from mcp_hostagent.core import kernel
 
@@ -111,15 +113,14 @@ def _load(monkeypatch, split: str):
     kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
     monkeypatch.setenv(loader.SPLIT_ENV, split)
     plan = probes.plan(cfg.probes_disable, off=probes.switched_off(cfg))
-    (got,) = loader.load(plan, loader.bpf_settings(cfg))
+    (got,) = loader.load(plan, loader.bpf_settings(cfg), extra_cflags=extra_cflags)
     return got, plan
 
 
 @pytest.mark.bpf
 def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path):
     """Also: started from a directory holding a planted worker module, the agent runs its own."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.fail("one CPU: the unit compiles in one process here, and this test checks the split")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # split on one CPU too (only slower)
     from bcc import BPF
 
     planted = tmp_path / "mcp_hostagent" / "core"
@@ -159,5 +160,47 @@ def test_a_failing_worker_leaves_one_process_compiling_everything(monkeypatch):
         single, plan1 = _load(monkeypatch, "0")
         single.bpf.cleanup()
         assert {n: s.state for n, s in plan.statuses.items()} == {n: s.state for n, s in plan1.statuses.items()}
+    finally:
+        got.bpf.cleanup()
+
+
+@pytest.mark.bpf
+def test_a_worker_that_warns_a_lot_and_is_sent_sigterm_still_replies(monkeypatch, tmp_path):
+    """The worker's stderr is a file: 1 MiB of warnings (a compile against mismatched headers) does not
+    wait for the agent's own compile to end, as it would in a pipe. The stop signals are the agent's:
+    a SIGTERM to the worker (systemd signals the unit's whole cgroup) leaves its reply coming. And a
+    program both compile (the test-only capture -DMCP_TEST_TP_RAW_EXEC adds, no probe macro guarding
+    it) is this process's own, not a reason to fall back."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    stamp, pidfile = tmp_path / "flooded", tmp_path / "pid"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"""#!{sys.executable}
+import os, sys, time
+open({str(pidfile)!r}, "w").write(str(os.getpid()))
+os.write(2, b"warning: from a header\\n" * 50000)
+open({str(stamp)!r}, "w").write(repr(time.monotonic()))
+os.execv({sys.executable!r}, [{sys.executable!r}] + sys.argv[1:])
+""")
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(wrapper))
+    real, ends = loader._compile_quietly, []
+
+    def ours(*a, **kw):
+        got = real(*a, **kw)
+        ends.append(time.monotonic())
+        if len(ends) == 1:  # this process's half is done; the worker is compiling its own
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+        return got
+
+    monkeypatch.setattr(loader, "_compile_quietly", ours)
+    got, _ = _load(monkeypatch, "1", extra_cflags=("-DMCP_TEST_TP_RAW_EXEC=1",))
+    try:
+        assert got.processes == "2 processes", got.processes
+        assert len(ends) == 1
+        assert float(stamp.read_text()) < ends[0], "the worker's warnings waited for the agent's compile"
+        from bcc import libbcc
+
+        both = b"tp_raw__sched__sched_process_exec"
+        assert both not in got.bpf.adopted and libbcc.lib.bpf_function_start(got.bpf.module, both)
     finally:
         got.bpf.cleanup()
