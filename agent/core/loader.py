@@ -170,14 +170,68 @@ BPF_LD_IMM64, BPF_PSEUDO_MAP_FD = 0x18, 1  # include/uapi/linux/bpf.h
 WORKER_TIMEOUT_S = 60.0  # after this process's own compile: far above any compile seen (~2.5 s)
 
 
-def side_macros(plan: ProbePlan) -> tuple[str, ...]:
-    """The probe macros the worker compiles; () for one process (one CPU, or nothing to split)."""
-    # _rebind_maps reads the instructions' immediates as little-endian
-    if os.environ.get(SPLIT_ENV, "1") == "0" or len(os.sched_getaffinity(0)) < 2 or sys.byteorder != "little":
-        return ()
+# Memory a start charges to its cgroup after split_for decides, with the worker: the charged peak
+# 187 MiB less the 15 MiB charged when `run` decides (docs/PERFORMANCE.md), and a 20 MiB margin.
+# One process peaks at 145 MiB.
+WORKER_MEMORY = 192 << 20
+
+
+def split_for(plan: ProbePlan) -> tuple[tuple[str, ...], str]:
+    """(the probe macros the worker compiles, ""), or ((), why the unit compiles in one process)."""
+    if os.environ.get(SPLIT_ENV, "1") == "0":
+        return (), f"1 process ({SPLIT_ENV}=0)"
+    if len(os.sched_getaffinity(0)) < 2:
+        return (), "1 process (one CPU)"
+    if sys.byteorder != "little":  # _rebind_maps reads the instructions' immediates as little-endian
+        return (), "1 process (big-endian host)"
     enabled = plan.enabled()
     side = tuple(s.macro for s in enabled if s.program in SIDE_PROGRAMS and s.kind != "uprobe")
-    return side if len(side) < len(enabled) else ()
+    if not side or len(side) == len(enabled):
+        return (), "1 process"
+    left = memcg_headroom()
+    if left is not None and left < WORKER_MEMORY:
+        return (), f"1 process (its memory cgroup has under {WORKER_MEMORY >> 20} MiB below its limit)"
+    return side, ""
+
+
+def _read_limit(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            v = f.read().strip()
+    except OSError:
+        return None
+    return int(v) if v.isdigit() else None  # "max": none
+
+
+def memcg_headroom(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes this process's memory cgroup may still charge before the lowest limit on its way to the
+    root (v2 memory.high and memory.max against memory.current, v1 memory.limit_in_bytes against
+    memory.usage_in_bytes: a systemd unit's MemoryHigh/MemoryMax, a slice's, a container's); None
+    where nothing is limited or readable."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    levels = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2: unified, or hybrid's /sys/fs/cgroup/unified (no memory controller there)
+            base = root if os.path.isfile(os.path.join(root, "cgroup.controllers")) else os.path.join(root, "unified")
+            levels.append((base, path, ("memory.high", "memory.max"), "memory.current"))
+        elif "memory" in controllers.split(","):
+            levels.append((os.path.join(root, "memory"), path, ("memory.limit_in_bytes",), "memory.usage_in_bytes"))
+    best = None
+    for base, path, limits, usage in levels:
+        parts = [p for p in path.split("/") if p and p != ".."]
+        for i in range(len(parts), -1, -1):
+            d = os.path.join(base, *parts[:i])
+            lims = [v for v in (_read_limit(os.path.join(d, f)) for f in limits) if v is not None]
+            used = _read_limit(os.path.join(d, usage))
+            if lims and used is not None:
+                left = max(0, min(lims) - used)
+                best = left if best is None else min(best, left)
+    return best
 
 
 def _rebind_maps(name: str, insns: bytearray, worker_maps: dict[str, str], fd_of: Callable[[str], int]) -> None:
@@ -201,11 +255,12 @@ def _rebind_maps(name: str, insns: bytearray, worker_maps: dict[str, str], fd_of
             i += 8
 
 
-def _compile(text: str, cflags: list[str], side: tuple[str, ...], progress: Callable[[str], None] | None):
-    """(bpf, seconds, how): the unit compiled here, with the side's probes compiled in parallel by
-    compile_worker.py and adopted; anything wrong with the worker's part compiles it all here."""
+def _compile(text: str, cflags: list[str], split: tuple[tuple[str, ...], str], progress: Callable[[str], None] | None):
+    """(bpf, seconds, how): the unit compiled here, with the side's probes (split_for) compiled in
+    parallel by compile_worker.py and adopted; anything wrong with the worker's part compiles it all here."""
+    side, why = split
     if not side:
-        return (*_compile_quietly(text, cflags, progress), "1 process")
+        return (*_compile_quietly(text, cflags, progress), why)
     t0 = time.monotonic()
     picked = {f"-D{m}=1" for m in side}
     main_flags = [f for f in cflags if f not in picked]
@@ -330,13 +385,13 @@ def release_compiler_memory(maps_path: str = "/proc/self/maps") -> None:
 class _Ahead:
     """A compile begun before it is needed (compile_ahead), taken by the load() it was begun for."""
 
-    def __init__(self, key: tuple, progress):
-        self.key, self.result, self.error = key, None, None
+    def __init__(self, key: tuple, split: tuple[tuple[str, ...], str], progress):
+        self.key, self.split, self.result, self.error = key, split, None, None
         self.thread = threading.Thread(target=self._run, args=(progress,), name="bpf-compile", daemon=True)
 
     def _run(self, progress) -> None:
         try:
-            self.result = _compile(self.key[0], list(self.key[1]), self.key[2], progress)
+            self.result = _compile(self.key[0], list(self.key[1]), self.split, progress)
         except LoadError as e:
             self.error = e
         except Exception:  # noqa: BLE001 - bcc not importable, say: load() compiles again and reports it
@@ -358,7 +413,7 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
         _check_header_tree()
     except LoadError:
         return  # load() reports it
-    _ahead = _Ahead((unit_source(), tuple(cflags_for(plan, settings)), side_macros(plan)), progress)
+    _ahead = _Ahead((unit_source(), tuple(cflags_for(plan, settings))), split_for(plan), progress)
     _ahead.thread.start()
 
 
@@ -406,11 +461,13 @@ def load(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], No
     if not enabled:
         return []
     try:
-        key = (unit_source(), tuple(cflags_for(plan, settings) + list(extra_cflags)), side_macros(plan))
+        # the split is decided where a compile begins: not part of the key, since the memory left
+        # (split_for) is lower once the compile ahead has run
+        key = (unit_source(), tuple(cflags_for(plan, settings) + list(extra_cflags)))
         got = _take_ahead(key)
         if got is None:
             _check_header_tree()
-            got = _compile(key[0], list(key[1]), key[2], progress)
+            got = _compile(key[0], list(key[1]), split_for(plan), progress)
         bpf, secs, processes = got
     except LoadError as e:
         for spec in enabled:

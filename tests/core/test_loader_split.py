@@ -87,7 +87,7 @@ def test_the_worker_takes_tracepoint_probes_of_its_sources_never_uprobes(monkeyp
     monkeypatch.setenv(loader.SPLIT_ENV, "1")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     plan = _plan()
-    side = set(loader.side_macros(plan))
+    side = set(loader.split_for(plan)[0])
     by_macro = {s.macro: s for s in plan.enabled()}
     assert side and side < set(by_macro)
     assert {by_macro[m].program for m in side} <= set(loader.SIDE_PROGRAMS)
@@ -95,12 +95,95 @@ def test_the_worker_takes_tracepoint_probes_of_its_sources_never_uprobes(monkeyp
     assert by_macro["MCP_PROBE_MARKER"].macro not in side  # requests.bpf.c stays here
 
 
-def test_one_process_on_one_cpu_or_when_asked(monkeypatch):
+def test_one_process_on_one_cpu_when_asked_or_short_of_memory(monkeypatch):
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: 1 << 30)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert loader.side_macros(_plan()) == ()
+    assert loader.split_for(_plan()) == ((), "1 process (one CPU)")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setenv(loader.SPLIT_ENV, "0")
-    assert loader.side_macros(_plan()) == ()
+    assert loader.split_for(_plan()) == ((), "1 process (MCP_HOSTAGENT_COMPILE_SPLIT=0)")
+    monkeypatch.setenv(loader.SPLIT_ENV, "1")
+    assert loader.split_for(_plan())[0]
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.WORKER_MEMORY - 1)
+    side, why = loader.split_for(_plan())
+    assert side == () and "memory cgroup" in why
+
+
+def _cg(root, rel: str, **files) -> None:
+    d = root.joinpath(*rel.strip("/").split("/")) if rel.strip("/") else root
+    d.mkdir(parents=True, exist_ok=True)
+    for name, v in files.items():
+        (d / name.replace("_", ".", 1)).write_text(f"{v}\n")
+
+
+def test_headroom_is_the_lowest_limit_on_the_way_up_v2(tmp_path):
+    """memory.high counts as a limit (the kernel throttles above it); an unlimited level ("max") none."""
+    root = tmp_path / "cg"
+    _cg(root, "", **{"cgroup.controllers": "cpu memory"})
+    _cg(root, "system.slice", memory_max="max", memory_high="max", memory_current=900 << 20)
+    _cg(root, "system.slice/mcp-agent.service", memory_max=256 << 20, memory_high=200 << 20,
+        memory_current=90 << 20)
+    (tmp_path / "cgroup").write_text("0::/system.slice/mcp-agent.service\n")
+    assert loader.memcg_headroom(str(tmp_path / "cgroup"), str(root)) == 110 << 20
+    # a slice limited closer to its use than the unit is
+    _cg(root, "system.slice", memory_max=1000 << 20)
+    assert loader.memcg_headroom(str(tmp_path / "cgroup"), str(root)) == 100 << 20
+    (tmp_path / "cgroup").write_text("0::/\n")
+    assert loader.memcg_headroom(str(tmp_path / "cgroup"), str(root)) is None
+
+
+def test_headroom_v1_and_unreadable(tmp_path):
+    root = tmp_path / "cg"
+    _cg(root, "memory/box", memory_limit_in_bytes=256 << 20, memory_usage_in_bytes=250 << 20)
+    (tmp_path / "cgroup").write_text("4:memory:/box\n0::/\n")
+    assert loader.memcg_headroom(str(tmp_path / "cgroup"), str(root)) == 6 << 20
+    (tmp_path / "cgroup").write_text("4:memory:/elsewhere\n")
+    assert loader.memcg_headroom(str(tmp_path / "cgroup"), str(root)) is None
+    assert loader.memcg_headroom(str(tmp_path / "nothing"), str(root)) is None
+
+
+def test_headroom_of_a_real_memory_cgroup_decides_the_split(tmp_path):
+    """This kernel's own files: a child process in a fresh memory cgroup limited to just above its
+    use is told one process; the same child outside it, with room, two (tests/reclaim's memcg)."""
+    import subprocess
+
+    name = f"mcp-split-{os.getpid()}"
+    v1 = "/sys/fs/cgroup/memory"
+    probe = ("import os, sys; from mcp_hostagent.core import loader; from mcp_hostagent.core import probes;"
+             "os.sched_getaffinity = lambda pid: {0, 1};"
+             "print(loader.split_for(probes.plan((), exists=lambda c, e: True))[1] or 'split');"
+             "print(loader.memcg_headroom())")
+    if os.path.isdir(v1):
+        path, limit, usage = os.path.join(v1, name), "memory.limit_in_bytes", "memory.usage_in_bytes"
+    else:
+        from mcp_hostagent.requests.owners import cgroup2_root
+
+        root = cgroup2_root()
+        if root is None or "memory" not in open(os.path.join(root, "cgroup.controllers")).read().split():
+            pytest.fail("no cgroup memory controller (neither v1 nor v2) on this host")
+        open(os.path.join(root, "cgroup.subtree_control"), "w").write("+memory")
+        path, limit, usage = os.path.join(root, name), "memory.max", "memory.current"
+    os.mkdir(path)
+    try:
+        open(os.path.join(path, limit), "w").write(str(1 << 40))
+        env = dict(os.environ, MCP_HOSTAGENT_COMPILE_SPLIT="1")
+        # the child joins the cgroup before it imports anything: its interpreter's charge is counted
+        join = f"open({os.path.join(path, 'cgroup.procs')!r}, 'w').write(str(os.getpid()));"
+        roomy = subprocess.run([sys.executable, "-c", "import os;" + join + probe], env=env,
+                               capture_output=True, text=True, check=True).stdout.split("\n")
+        assert roomy[0] == "split", roomy
+        # now a limit 32 MiB above what an idle cgroup holds: less than the worker needs
+        open(os.path.join(path, limit), "w").write(str(int(open(os.path.join(path, usage)).read()) + (32 << 20)))
+        tight = subprocess.run([sys.executable, "-c", "import os;" + join + probe], env=env,
+                               capture_output=True, text=True, check=True).stdout.split("\n")
+        assert "memory cgroup" in tight[0] and int(tight[1]) < loader.WORKER_MEMORY, tight
+    finally:
+        for _ in range(50):
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                time.sleep(0.1)
 
 
 # ---- real compiles ----
@@ -138,13 +221,13 @@ def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path):
         assert b.adopted, "no program came from the worker"
         ours = {map_id(fd) for fd in compile_worker.tables(b.module)}
         side = {s.fn_name.encode() for s in plan.enabled()
-                if s.macro in loader.side_macros(plan) and s.kind in probes.TRACEPOINT_KINDS}
+                if s.macro in loader.split_for(plan)[0] and s.kind in probes.TRACEPOINT_KINDS}
         assert set(b.adopted) >= side
         for name in b.adopted:
             used = prog_map_ids(b.load_func(name, BPF.TRACEPOINT).fd)
             assert used and used <= ours, (name, used, ours)
         attached = {n for n, s in plan.statuses.items() if s.state == probes.ATTACHED}
-        assert {s.name for s in plan.enabled() if s.macro in loader.side_macros(plan)
+        assert {s.name for s in plan.enabled() if s.macro in loader.split_for(plan)[0]
                 and s.kind in probes.TRACEPOINT_KINDS} <= attached
     finally:
         got.bpf.cleanup()
