@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from . import compile_cache
 from .probes import ATTACHED, MISSING, TRACEPOINT_KINDS, ProbePlan
 from .records import bpf_source_dir
 
@@ -160,38 +161,59 @@ def _compile_quietly(text: str, cflags: list[str], progress: Callable[[str], Non
     return bpf, time.monotonic() - t0
 
 
-# The tracepoint probes of these sources compile in a second process (compile_worker.py) while this
-# one compiles the rest: LLVM is most of start-up and libbcc runs one compile per process. This split
-# balanced the two halves on this code (docs/PERFORMANCE.md). Uprobes stay here: uprobe-multi
+# The tracepoint probes of these sources compile in worker processes (compile_worker.py) while this
+# one compiles the rest: LLVM is most of start-up and libbcc runs one compile per process. On two
+# CPUs one worker, and requests.bpf.c stays here (it balanced the halves); with more, two workers and
+# this process compiles the maps and the uprobes alone, all it compiles when both parts come from
+# the compile cache (compile_cache.py). Measured: docs/PERFORMANCE.md. Uprobes stay here: uprobe-multi
 # programs need bcc's own load, with an expected attach type.
-SIDE_PROGRAMS = ("http.bpf.c", "reclaim.bpf.c", "cuda.bpf.c", "health.bpf.c")
+WORKER_GROUPS = {
+    1: (("http.bpf.c", "reclaim.bpf.c", "cuda.bpf.c", "health.bpf.c"),),
+    2: (("requests.bpf.c", "reclaim.bpf.c"), ("http.bpf.c", "cuda.bpf.c", "health.bpf.c")),
+}
 SPLIT_ENV = "MCP_HOSTAGENT_COMPILE_SPLIT"  # "0": one compile process (bench_startup compares the two)
 BPF_LD_IMM64, BPF_PSEUDO_MAP_FD = 0x18, 1  # include/uapi/linux/bpf.h
 WORKER_TIMEOUT_S = 60.0  # after this process's own compile: far above any compile seen (~2.5 s)
 
+# Memory a start charges to its cgroup after split_for decides (docs/PERFORMANCE.md): one process
+# peaks at 145 MiB charged, 15 MiB of it already there at the decision; each worker adds 42 MiB.
+# With 20 and 6 MiB of margin.
+START_MEMORY = 150 << 20
+WORKER_MEMORY = 48 << 20
 
-# Memory a start charges to its cgroup after split_for decides, with the worker: the charged peak
-# 187 MiB less the 15 MiB charged when `run` decides (docs/PERFORMANCE.md), and a 20 MiB margin.
-# One process peaks at 145 MiB.
-WORKER_MEMORY = 192 << 20
+
+@dataclass(frozen=True)
+class Part:
+    """What one compile worker compiles: its probes' macros, and their tracepoints (the cache key's)."""
+    macros: tuple[str, ...]
+    tracepoints: tuple[str, ...]
 
 
-def split_for(plan: ProbePlan) -> tuple[tuple[str, ...], str]:
-    """(the probe macros the worker compiles, ""), or ((), why the unit compiles in one process)."""
+def split_for(plan: ProbePlan) -> tuple[tuple[Part, ...], str]:
+    """(the parts compile workers take, ""), or ((), why the unit compiles in one process)."""
     if os.environ.get(SPLIT_ENV, "1") == "0":
         return (), f"1 process ({SPLIT_ENV}=0)"
-    if len(os.sched_getaffinity(0)) < 2:
+    cpus = len(os.sched_getaffinity(0))
+    if cpus < 2:
         return (), "1 process (one CPU)"
     if sys.byteorder != "little":  # _rebind_maps reads the instructions' immediates as little-endian
         return (), "1 process (big-endian host)"
-    enabled = plan.enabled()
-    side = tuple(s.macro for s in enabled if s.program in SIDE_PROGRAMS and s.kind != "uprobe")
-    if not side or len(side) == len(enabled):
-        return (), "1 process"
     left = memcg_headroom()
-    if left is not None and left < WORKER_MEMORY:
-        return (), f"1 process (its memory cgroup has under {WORKER_MEMORY >> 20} MiB below its limit)"
-    return side, ""
+    workers = min(cpus - 1, len(WORKER_GROUPS))
+    if left is not None:
+        workers = min(workers, max(0, (left - START_MEMORY) // WORKER_MEMORY))
+        if not workers:
+            need = (START_MEMORY + WORKER_MEMORY) >> 20
+            return (), f"1 process (its memory cgroup has under {need} MiB below its limit)"
+    enabled = [s for s in plan.enabled() if s.kind != "uprobe"]
+    parts = []
+    for group in WORKER_GROUPS[workers]:
+        specs = [s for s in enabled if s.program in group]
+        if specs:
+            parts.append(Part(tuple(s.macro for s in specs), tuple(s.tracepoint for s in specs)))
+    if not parts:
+        return (), "1 process"
+    return tuple(parts), ""
 
 
 def _read_limit(path: str) -> int | None:
@@ -255,69 +277,126 @@ def _rebind_maps(name: str, insns: bytearray, worker_maps: dict[str, str], fd_of
             i += 8
 
 
-def _compile(text: str, cflags: list[str], split: tuple[tuple[str, ...], str], progress: Callable[[str], None] | None):
-    """(bpf, seconds, how): the unit compiled here, with the side's probes (split_for) compiled in
-    parallel by compile_worker.py and adopted; anything wrong with the worker's part compiles it all here."""
-    side, why = split
-    if not side:
+def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], progress: Callable[[str], None] | None):
+    """(bpf, seconds, how): the unit compiled here, with each part (split_for) taken from the compile
+    cache or compiled in parallel by a compile_worker.py, and adopted; anything wrong with a part
+    compiles it all here."""
+    parts, why = split
+    if not parts:
         return (*_compile_quietly(text, cflags, progress), why)
     t0 = time.monotonic()
-    picked = {f"-D{m}=1" for m in side}
+    picked = {f"-D{m}=1" for p in parts for m in p.macros}
     main_flags = [f for f in cflags if f not in picked]
-    side_flags = [f for f in cflags if f in picked or not f.startswith("-DMCP_PROBE_")]
-    # the worker's diagnostics go to a file, not a pipe: a compile that warns more than a pipe holds
-    # (mismatched kernel headers do) would block the worker until this process's compile is done
-    diag = tempfile.TemporaryFile()
+    cache, note = compile_cache.directory(), ""
+    jobs = []  # [flags, cache key, cached reply, _Worker]
+    for p in parts:
+        mine = {f"-D{m}=1" for m in p.macros}
+        flags = [f for f in cflags if f in mine or not f.startswith("-DMCP_PROBE_")]
+        k = reply = None
+        if cache:
+            try:
+                k = compile_cache.key(text, flags, list(p.tracepoints))
+                reply = compile_cache.get(cache, k)
+            except compile_cache.CacheError as e:
+                cache, note = None, f"; compile cache not used: {e}"
+        jobs.append([flags, k, reply, None])
     try:
-        # `-m` puts the working directory first on sys.path: run from / (root's) so that a module
-        # planted where the agent was started cannot run as root; PYTHONPATH (bcc, on some hosts) is
-        # kept. Its own session, and it ignores the stop signals (compile_worker.py): a ^C or systemd's
-        # SIGTERM to the unit's cgroup stops the agent, which stops the worker (_stop) or takes its reply.
-        worker = subprocess.Popen([sys.executable, "-m", f"{__package__}.compile_worker"], cwd="/",
-                                  env=dict(os.environ, PYTHONSAFEPATH="1"), stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=diag, start_new_session=True)
+        for j in jobs:
+            if j[2] is None:
+                j[3] = _Worker(text, j[0])
     except OSError as e:
-        diag.close()
+        for j in jobs:
+            if j[3]:
+                j[3].stop()
         return (*_compile_quietly(text, cflags, progress), f"1 process (worker: {e})")
-    with diag:
-        feed = threading.Thread(target=_feed, args=(worker.stdin, json.dumps({"text": text, "cflags": side_flags}).encode()),
-                                name="bpf-compile-feed", daemon=True)
-        worker.stdin = None  # _feed writes and closes it; communicate() must not flush it
-        feed.start()
-        try:
-            bpf, _ = _compile_quietly(text, main_flags, progress)
-        except BaseException:
-            _stop(worker, feed)
-            raise
-        try:
-            reply = _reply(worker, feed, diag)
-            bpf.adopt(_adopted(bpf, reply), reply["license"].encode(), int(reply["kern_version"]))
-        except (ValueError, KeyError, TypeError, AttributeError, subprocess.TimeoutExpired) as e:
-            _stop(worker, feed)
-            bpf.cleanup()
-            bpf, _ = _compile_quietly(text, cflags, progress)
-            return bpf, time.monotonic() - t0, f"1 process (the worker's part: {e})"
-        except BaseException:
-            _stop(worker, feed)
-            bpf.cleanup()
-            raise
-    return bpf, time.monotonic() - t0, "2 processes"
+    workers = [j[3] for j in jobs if j[3]]
+    try:
+        bpf, _ = _compile_quietly(text, main_flags, progress)
+    except BaseException:
+        for w in workers:
+            w.stop()
+        raise
+    try:
+        deadline = time.monotonic() + WORKER_TIMEOUT_S
+        funcs = {}
+        for j in jobs:
+            if j[3]:
+                j[2] = j[3].reply(deadline)
+                if cache:
+                    try:
+                        compile_cache.put(cache, j[1], j[2])
+                    except compile_cache.CacheError as e:
+                        cache, note = None, f"; compile cache not written: {e}"
+            funcs.update(_adopted(bpf, j[2]))
+        first = jobs[0][2]
+        bpf.adopt(funcs, first["license"].encode(), int(first["kern_version"]))
+    except (ValueError, KeyError, TypeError, AttributeError, subprocess.TimeoutExpired) as e:
+        for w in workers:
+            w.stop()
+        for j in jobs:  # a cached part may be the one that no longer fits
+            if j[1] and compile_cache.directory():
+                compile_cache.drop(compile_cache.directory(), j[1])
+        bpf.cleanup()
+        bpf, _ = _compile_quietly(text, cflags, progress)
+        return bpf, time.monotonic() - t0, f"1 process (a part from a worker or the cache: {e})"
+    except BaseException:
+        for w in workers:
+            w.stop()
+        bpf.cleanup()
+        raise
+    n, cached = 1 + len(workers), len(jobs) - len(workers)
+    how = f"{n} process{'es' if n > 1 else ''}"
+    if cached:
+        how += f", {cached} part{'s' if cached > 1 else ''} from the compile cache"
+    return bpf, time.monotonic() - t0, how + note
 
 
-def _reply(worker: subprocess.Popen, feed: threading.Thread, diag) -> dict:
-    """The worker's reply, within WORKER_TIMEOUT_S of this process's own compile."""
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    feed.join(WORKER_TIMEOUT_S)
-    out, _ = worker.communicate(timeout=max(0.0, deadline - time.monotonic()))
-    if worker.returncode != 0:
-        diag.seek(0)
-        lines = [ln for ln in diag.read().decode(errors="replace").splitlines() if "error" in ln]
-        raise ValueError(f"exit {worker.returncode}: {'; '.join(lines[:2]) or 'no error line'}")
-    return json.loads(out)
+class _Worker:
+    """A compile_worker.py process compiling one part, started at once."""
+
+    def __init__(self, text: str, flags: list[str]):
+        # its diagnostics go to a file, not a pipe: a compile that warns more than a pipe holds
+        # (mismatched kernel headers do) would block it until this process's compile is done
+        self.diag = tempfile.TemporaryFile()
+        try:
+            # `-m` puts the working directory first on sys.path: run from / (root's) so that a module
+            # planted where the agent was started cannot run as root; PYTHONPATH (bcc, on some hosts)
+            # is kept. Its own session, and it ignores the stop signals (compile_worker.py): a ^C or
+            # systemd's SIGTERM to the unit's cgroup stops the agent, which stops it or takes its reply.
+            self.proc = subprocess.Popen([sys.executable, "-m", f"{__package__}.compile_worker"], cwd="/",
+                                         env=dict(os.environ, PYTHONSAFEPATH="1"), stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self.diag, start_new_session=True)
+        except OSError:
+            self.diag.close()
+            raise
+        self.feed = threading.Thread(target=_feed, args=(self.proc.stdin, json.dumps({"text": text, "cflags": flags}).encode()),
+                                     name="bpf-compile-feed", daemon=True)
+        self.proc.stdin = None  # _feed writes and closes it; communicate() must not flush it
+        self.feed.start()
+
+    def reply(self, deadline: float) -> dict:
+        self.feed.join(max(0.0, deadline - time.monotonic()))
+        out, _ = self.proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        try:
+            if self.proc.returncode != 0:
+                self.diag.seek(0)
+                lines = [ln for ln in self.diag.read().decode(errors="replace").splitlines() if "error" in ln]
+                raise ValueError(f"exit {self.proc.returncode}: {'; '.join(lines[:2]) or 'no error line'}")
+        finally:
+            self.diag.close()
+        return json.loads(out)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+        self.diag.close()
+        self.feed.join()  # the write ends with EPIPE once the worker is gone
 
 
 def _adopted(bpf, reply: dict) -> dict[bytes, bytes]:
-    """The worker's programs, their map references rewritten to bpf's maps. A program both compiled
+    """A part's programs, their map references rewritten to bpf's maps. A program both compiled
     (one no probe macro guards, such as a test's -D adds) is left to this process's own."""
     from bcc import libbcc
 
@@ -330,14 +409,6 @@ def _adopted(bpf, reply: dict) -> dict[bytes, bytes]:
         _rebind_maps(name, insns, reply["maps"], fd_of)
         funcs[name.encode()] = bytes(insns)
     return funcs
-
-
-def _stop(worker: subprocess.Popen, feed: threading.Thread) -> None:
-    if worker.poll() is None:
-        worker.kill()
-    worker.wait()
-    worker.stdout.close()
-    feed.join()  # the write ends with EPIPE once the worker is gone
 
 
 def _feed(stdin, data: bytes) -> None:

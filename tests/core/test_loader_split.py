@@ -8,6 +8,7 @@ loaded program uses (BPF_OBJ_GET_INFO_BY_FD: map_ids), and with a worker that fa
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import struct
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-from mcp_hostagent.core import compile_worker, loader, probes
+from mcp_hostagent.core import compile_cache, compile_worker, loader, probes
 
 BPF_OBJ_GET_INFO_BY_FD = 15  # include/uapi/linux/bpf.h enum bpf_cmd
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -83,28 +84,43 @@ def _plan():
     return probes.plan((), exists=lambda cat, ev: True)
 
 
-def test_the_worker_takes_tracepoint_probes_of_its_sources_never_uprobes(monkeypatch):
+def _macros(parts) -> set[str]:
+    return {m for p in parts for m in p.macros}
+
+
+@pytest.mark.parametrize("cpus,workers", [(2, 1), (3, 2), (16, 2)])
+def test_workers_take_tracepoint_probes_of_their_sources_never_uprobes(monkeypatch, cpus, workers):
     monkeypatch.setenv(loader.SPLIT_ENV, "1")
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
     plan = _plan()
-    side = set(loader.split_for(plan)[0])
+    parts, why = loader.split_for(plan)
+    assert len(parts) == workers and why == ""
     by_macro = {s.macro: s for s in plan.enabled()}
-    assert side and side < set(by_macro)
-    assert {by_macro[m].program for m in side} <= set(loader.SIDE_PROGRAMS)
+    side = _macros(parts)
+    assert side < set(by_macro) and len(side) == sum(len(p.macros) for p in parts)  # no probe in two parts
+    for p, group in zip(parts, loader.WORKER_GROUPS[workers]):
+        assert {by_macro[m].program for m in p.macros} <= set(group)
+        assert p.tracepoints == tuple(by_macro[m].tracepoint for m in p.macros)
     assert all(by_macro[m].kind != "uprobe" for m in side)
-    assert by_macro["MCP_PROBE_MARKER"].macro not in side  # requests.bpf.c stays here
+    # what stays here: the uprobes, and on two CPUs requests.bpf.c (the halves' balance)
+    here = {by_macro[m].program for m in set(by_macro) - side if by_macro[m].kind != "uprobe"}
+    assert here == ({"requests.bpf.c"} if workers == 1 else set())
 
 
 def test_one_process_on_one_cpu_when_asked_or_short_of_memory(monkeypatch):
     monkeypatch.setattr(loader, "memcg_headroom", lambda: 1 << 30)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     assert loader.split_for(_plan()) == ((), "1 process (one CPU)")
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.setenv(loader.SPLIT_ENV, "0")
     assert loader.split_for(_plan()) == ((), "1 process (MCP_HOSTAGENT_COMPILE_SPLIT=0)")
     monkeypatch.setenv(loader.SPLIT_ENV, "1")
-    assert loader.split_for(_plan())[0]
-    monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.WORKER_MEMORY - 1)
+    assert len(loader.split_for(_plan())[0]) == 2
+    # room for one worker, not two: the two-CPU grouping
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.START_MEMORY + 2 * loader.WORKER_MEMORY - 1)
+    assert len(loader.split_for(_plan())[0]) == 1
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.START_MEMORY + loader.WORKER_MEMORY - 1)
     side, why = loader.split_for(_plan())
     assert side == () and "memory cgroup" in why
 
@@ -188,24 +204,42 @@ def test_headroom_of_a_real_memory_cgroup_decides_the_split(tmp_path):
 
 # ---- real compiles ----
 
-def _load(monkeypatch, split: str, extra_cflags: tuple[str, ...] = ()):
+def _load(monkeypatch, split: str, extra_cflags: tuple[str, ...] = (), cache: str = "off"):
     from mcp_hostagent.config import load_config
     from mcp_hostagent.core import kernel
 
     cfg = load_config(None, env={})
     kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
     monkeypatch.setenv(loader.SPLIT_ENV, split)
+    monkeypatch.setenv(compile_cache.ENV, cache)
     plan = probes.plan(cfg.probes_disable, off=probes.switched_off(cfg))
     (got,) = loader.load(plan, loader.bpf_settings(cfg), extra_cflags=extra_cflags)
     return got, plan
 
 
-@pytest.mark.bpf
-def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path):
-    """Also: started from a directory holding a planted worker module, the agent runs its own."""
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # split on one CPU too (only slower)
+def check_adopted(got, plan) -> None:
+    """Every program a worker (or the cache) gave uses only this process's maps (the kernel's record
+    of the loaded program), each worker probe's program came from there, and all of them attached."""
     from bcc import BPF
 
+    b = got.bpf
+    assert b.adopted, "no program came from a worker"
+    ours = {map_id(fd) for fd in compile_worker.tables(b.module)}
+    apart = [s for s in plan.enabled() if s.macro in _macros(loader.split_for(plan)[0])
+             and s.kind in probes.TRACEPOINT_KINDS]
+    assert set(b.adopted) >= {s.fn_name.encode() for s in apart}
+    for name in b.adopted:
+        used = prog_map_ids(b.load_func(name, BPF.TRACEPOINT).fd)
+        assert used and used <= ours, (name, used, ours)
+    attached = {n for n, st in plan.statuses.items() if st.state == probes.ATTACHED}
+    assert {s.name for s in apart} <= attached
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("cpus", [2, 3])
+def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path, cpus):
+    """Also: started from a directory holding a planted worker module, the agent runs its own."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))  # on fewer CPUs too (only slower)
     planted = tmp_path / "mcp_hostagent" / "core"
     planted.mkdir(parents=True)
     for d in (planted, planted.parent):
@@ -216,21 +250,67 @@ def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path):
     got, plan = _load(monkeypatch, "1")
     try:
         assert not marker.exists(), "the worker ran a module from the agent's working directory"
-        assert got.processes == "2 processes"
-        b = got.bpf
-        assert b.adopted, "no program came from the worker"
-        ours = {map_id(fd) for fd in compile_worker.tables(b.module)}
-        side = {s.fn_name.encode() for s in plan.enabled()
-                if s.macro in loader.split_for(plan)[0] and s.kind in probes.TRACEPOINT_KINDS}
-        assert set(b.adopted) >= side
-        for name in b.adopted:
-            used = prog_map_ids(b.load_func(name, BPF.TRACEPOINT).fd)
-            assert used and used <= ours, (name, used, ours)
-        attached = {n for n, s in plan.statuses.items() if s.state == probes.ATTACHED}
-        assert {s.name for s in plan.enabled() if s.macro in loader.split_for(plan)[0]
-                and s.kind in probes.TRACEPOINT_KINDS} <= attached
+        assert got.processes == f"{cpus} processes"
+        check_adopted(got, plan)
     finally:
         got.bpf.cleanup()
+
+
+@pytest.mark.bpf
+def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust(monkeypatch, tmp_path):
+    """A second start loads both parts from the cache (this process compiles only the maps and the
+    uprobes) and gets the same programs on its own maps; a damaged entry is a miss; an entry whose
+    program no longer fits (a map it names is gone) makes one full compile here and is dropped; a
+    directory others can write is not used at all."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    cache = tmp_path / "cache"
+    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    got.bpf.cleanup()
+    assert got.processes == "3 processes"
+    entries = sorted(cache.glob("*.json"))
+    assert len(entries) == 2 and oct(cache.stat().st_mode & 0o777) == "0o700"
+    assert all(oct(e.stat().st_mode & 0o777) == "0o600" for e in entries)
+
+    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    try:
+        assert got.processes == "1 process, 2 parts from the compile cache", got.processes
+        check_adopted(got, plan)
+        single, plan1 = _load(monkeypatch, "0")
+        single.bpf.cleanup()
+        assert {n: st.state for n, st in plan.statuses.items()} == {n: st.state for n, st in plan1.statuses.items()}
+    finally:
+        got.bpf.cleanup()
+
+    entries[0].write_text("{not json")  # damaged: compiled again by a worker, and written again
+    got, _ = _load(monkeypatch, "1", cache=str(cache))
+    got.bpf.cleanup()
+    assert got.processes == "2 processes, 1 part from the compile cache", got.processes
+    assert json.loads(entries[0].read_text())["key"] == entries[0].stem
+
+    entry = json.loads(entries[1].read_text())
+    entry["reply"]["maps"] = {fd: "no_such_table" for fd in entry["reply"]["maps"]}
+    entries[1].write_text(json.dumps(entry))
+    got, _ = _load(monkeypatch, "1", cache=str(cache))
+    got.bpf.cleanup()
+    assert got.processes.startswith("1 process (a part from a worker or the cache: "), got.processes
+    assert "no_such_table" in got.processes and not entries[1].exists()
+
+    cache.chmod(0o777)
+    got, _ = _load(monkeypatch, "1", cache=str(cache))
+    got.bpf.cleanup()
+    assert got.processes.startswith("3 processes; compile cache not used: "), got.processes
+    assert "writable by no one else" in got.processes
+
+
+def test_the_cache_key_follows_what_a_compile_reads(monkeypatch):
+    """Text, flags and each tracepoint's format (bcc builds TRACEPOINT_PROBE's args from it)."""
+    k = compile_cache.key("unit", ["-DA=1"], ["sched:sched_switch"])
+    assert k == compile_cache.key("unit", ["-DA=1"], ["sched:sched_switch"])
+    assert k != compile_cache.key("unit2", ["-DA=1"], ["sched:sched_switch"])
+    assert k != compile_cache.key("unit", ["-DA=2"], ["sched:sched_switch"])
+    real = compile_cache._format
+    monkeypatch.setattr(compile_cache, "_format", lambda tp: real(tp) + "field:int x; offset:99;")
+    assert k != compile_cache.key("unit", ["-DA=1"], ["sched:sched_switch"])
 
 
 @pytest.mark.bpf
@@ -238,7 +318,7 @@ def test_a_failing_worker_leaves_one_process_compiling_everything(monkeypatch):
     monkeypatch.setattr(sys, "executable", "/bin/false")  # the worker exits 1 at once
     got, plan = _load(monkeypatch, "1")
     try:
-        assert got.processes.startswith("1 process (the worker's part: exit 1"), got.processes
+        assert got.processes.startswith("1 process (a part from a worker or the cache: exit 1"), got.processes
         assert not got.bpf.adopted
         single, plan1 = _load(monkeypatch, "0")
         single.bpf.cleanup()

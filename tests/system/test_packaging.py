@@ -91,7 +91,8 @@ def test_unit_settings():
                  "UMask": "0027", "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6 AF_NETLINK"}.items():
         assert one(k) == [v], k
     rw = one("ReadWritePaths")[0].split()
-    assert {"/var/lib/mcp-hostagent", "/run/mcp-hostagent", "/sys/kernel/tracing"} <= set(rw)
+    assert {"/var/lib/mcp-hostagent", "/run/mcp-hostagent", "/var/cache/mcp-hostagent", "/sys/kernel/tracing"} <= set(rw)
+    assert one("CacheDirectory") == ["mcp-hostagent"] and one("CacheDirectoryMode") == ["0700"]
     assert one("MemoryMax") and one("AmbientCapabilities") == one("CapabilityBoundingSet")
     # the watchdog must outlast the slowest status tick (status.interval_s <= 60 s)
     from mcp_hostagent.config import setting
@@ -246,6 +247,7 @@ INSTALLED = [PREFIX, "/etc/mcp-hostagent", STATE, "/lib/systemd/system/mcp-agent
              "/usr/bin/mcp-agent", "/etc/logrotate.d/mcp-hostagent", "/usr/share/doc/mcp-hostagent",
              "/usr/share/mcp-hostagent",
              "/etc/systemd/system/mcp-agent.service", WANTS]
+CACHE = "/var/cache/mcp-hostagent"  # the compile cache: an agent run from a source tree writes it too
 
 
 def debian_version(v: str) -> str:
@@ -401,6 +403,7 @@ def test_deb_installs_offline_runs_upgrades_and_purges_clean(deb):
     kept = f"{STATE}.before-test-{os.getpid()}" if os.path.lexists(STATE) else None
     if kept:
         os.rename(STATE, kept)
+    shutil.rmtree(CACHE, ignore_errors=True)  # derived data: whoever runs next compiles again
     try:
         r = dpkg("-i", str(deb.path), offline=offline)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -418,6 +421,8 @@ def test_deb_installs_offline_runs_upgrades_and_purges_clean(deb):
         assert p.returncode == 0 and "Traceback" not in p.stderr, p.stdout + p.stderr
         states = {ln.split()[0]: ln.split()[2] for ln in p.stdout.splitlines() if len(ln.split()) >= 3}
         assert all(states.get(name) == "attached" for name in expected_attached()), p.stdout
+        # the compile workers' parts went to the compile cache, which only root may write
+        assert oct(os.stat(f"{CACHE}/bpf").st_mode & 0o777) == "0o700"
         if shutil.which("systemd-analyze"):
             a = subprocess.run(["systemd-analyze", "verify", "--man=no", "/lib/systemd/system/mcp-agent.service"],
                                capture_output=True, text=True, timeout=60)
@@ -453,7 +458,7 @@ def test_deb_installs_offline_runs_upgrades_and_purges_clean(deb):
         r = dpkg("--purge", "mcp-hostagent")
         assert r.returncode == 0 and not left_behind(r), r.stdout + r.stderr
         assert dpkg_status() in ("", "unknown ok not-installed")
-        assert [p for p in INSTALLED if os.path.lexists(p)] == []
+        assert [p for p in INSTALLED + [CACHE] if os.path.lexists(p)] == []
         assert not list(Path("/var/lib/systemd").glob("deb-systemd-helper-*/**/mcp-agent.service*"))
     finally:
         if dpkg_status() not in ("", "unknown ok not-installed"):

@@ -1,0 +1,166 @@
+"""The compile workers' replies, kept on disk: a later start with the same unit, flags, bcc, kernel,
+header tree and tracepoint formats loads them instead of running LLVM again for that part.
+
+A reply is what core/compile_worker.py prints: programs' instructions naming the worker's map fds by
+table name, rewritten to the agent's maps at each load (loader._rebind_maps), so it holds no fd or
+address of the process that compiled it. The kernel's verifier checks every program at load as for
+a fresh compile. The key covers what a compile reads: the unit's text and flags, bcc's version and
+library, the kernel release and build, the header tree bcc uses (its generated config's size and
+mtime), and the format of each tracepoint the part attaches to (bcc builds TRACEPOINT_PROBE's args
+struct from it). Anything else that changed is caught where it matters: a program that no longer
+fits fails to load, and the agent compiles everything again (loader._compile).
+
+Who can write here can choose the BPF programs a root agent loads: the directory must be a real
+directory owned by this uid and writable by no one else, entries too; otherwise the cache is not
+used and the start-up banner says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import sys
+
+ENV = "MCP_HOSTAGENT_COMPILE_CACHE"  # a directory, or "off"
+DEFAULT_DIR = "/var/cache/mcp-hostagent/bpf"
+MAX_ENTRIES = 16  # one per part (2 at most) per unit version and kernel: old ones are dropped
+TRACEFS_ROOTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+
+
+class CacheError(Exception):
+    """The cache cannot be used (unsafe or unusable directory): said once in the banner."""
+
+
+def directory() -> str | None:
+    d = os.environ.get(ENV, DEFAULT_DIR)
+    return None if d in ("", "off", "0") else d
+
+
+def _safe_dir(path: str, create: bool) -> None:
+    if create:
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise CacheError(f"{path}: {e.strerror}") from None
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise CacheError(f"{path}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheError(f"{path}: not a directory (a symlink is refused)")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise CacheError(f"{path}: must be owned by uid {os.geteuid()} and writable by no one else "
+                         f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
+
+
+def _stat_id(path: str) -> list:
+    try:
+        st = os.stat(path)
+        return [os.path.realpath(path), st.st_size, st.st_mtime_ns]
+    except OSError:
+        return [path, None]
+
+
+def _format(tracepoint: str) -> str | None:
+    cat, _, ev = tracepoint.partition(":")
+    for root in TRACEFS_ROOTS:
+        try:
+            with open(os.path.join(root, "events", cat, ev, "format")) as f:
+                return f.read()
+        except OSError:
+            continue
+    return None
+
+
+def key(text: str, cflags: list[str], tracepoints: list[str]) -> str:
+    """The hex digest naming a part's reply: everything its compile reads (the module docstring)."""
+    import bcc
+
+    uname = os.uname()
+    tree = os.environ.get("BCC_KERNEL_SOURCE") or f"/lib/modules/{uname.release}/build"
+    ident = {
+        "text": hashlib.sha256(text.encode()).hexdigest(),
+        "cflags": list(cflags),
+        "bcc": [getattr(bcc, "__version__", "?"), _stat_id(_libbcc_path())],
+        "kernel": [uname.release, uname.version, uname.machine, sys.byteorder],
+        "headers": [_stat_id(tree), _stat_id(os.path.join(tree, "include", "generated", "autoconf.h"))],
+        "formats": {tp: _format(tp) for tp in sorted(set(tracepoints))},
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def _libbcc_path() -> str:
+    """libbcc's file as loaded (ctypes names it by soname only)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                x = line.split()
+                if len(x) >= 6 and os.path.basename(x[5]).startswith("libbcc.so"):
+                    return x[5]
+    except OSError:
+        pass
+    return "libbcc.so.0"
+
+
+def get(path: str, k: str) -> dict | None:
+    """The reply stored under k, or None (none, or not ours: an unsafe entry is removed)."""
+    if not os.path.lexists(path):
+        return None
+    _safe_dir(path, create=False)
+    f = os.path.join(path, k + ".json")
+    try:
+        fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise CacheError(f"{f}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise CacheError(f"{f}: not a regular file of uid {os.geteuid()} writable by it alone")
+        try:
+            entry = json.loads(fh.read())
+        except ValueError:
+            entry = None
+    if not isinstance(entry, dict) or entry.get("key") != k or not isinstance(entry.get("reply"), dict):
+        drop(path, k)
+        return None
+    return entry["reply"]
+
+
+def put(path: str, k: str, reply: dict) -> None:
+    """Store reply under k (written to a new file, then renamed over), keeping MAX_ENTRIES."""
+    _safe_dir(path, create=True)
+    tmp = os.path.join(path, f".{k}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"key": k, "reply": reply}, fh)
+        os.rename(tmp, os.path.join(path, k + ".json"))
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise CacheError(f"{path}: {e.strerror}") from None
+    entries = []
+    for name in os.listdir(path):
+        if name.endswith(".json"):
+            try:
+                entries.append((os.lstat(os.path.join(path, name)).st_mtime_ns, name))
+            except OSError:
+                pass
+    for _, name in sorted(entries)[:-MAX_ENTRIES]:
+        try:
+            os.unlink(os.path.join(path, name))
+        except OSError:
+            pass
+
+
+def drop(path: str, k: str) -> None:
+    try:
+        os.unlink(os.path.join(path, k + ".json"))
+    except OSError:
+        pass
