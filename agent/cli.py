@@ -132,6 +132,11 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
     config; a bad one is refused (one line, counted in hostagent.agent.config.reload_failed) and the agent
     runs on; a good one restarts the pipeline with it. Under systemd (Type=notify) READY=1 is sent once
     the probes are attached, WATCHDOG=1 every status tick.
+
+    Start-up compiles the BPF programs with LLVM, in worker processes beside this one where there are
+    CPUs and memory for them (MCP_HOSTAGENT_COMPILE_SPLIT=0: one process), and keeps the workers'
+    programs in /var/cache/mcp-hostagent/bpf for the next start on this kernel
+    (MCP_HOSTAGENT_COMPILE_CACHE: another directory, or off).
     """
     overrides = {
         "export.otlp_endpoint": otlp_endpoint, "export.otlp_protocol": otlp_protocol,

@@ -597,11 +597,19 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	struct mcp_req_state *st = req_by_tid.lookup(&tid);
 	/* The thread's last slice, from its switch-in to here: sched_switch takes no slice from a
 	 * dying prev (its entries are gone by then), so without this a process that exits while
-	 * running loses its final slice. */
+	 * running loses its final slice. Added to the process's counters only where they exist:
+	 * creating them here would send an exit record for every watched process that never ran
+	 * while watched (4,200 killed at once overflowed the ring and the exporter). */
 	int w = watched(tgid), traced = st != 0;
 	asm volatile("" : "+r"(w), "+r"(traced));  /* as in sched_switch: no OR of a map pointer */
-	if (traced || w)
-		slice_split(tid, tgid, now, st);
+	struct mcp_slice sl = {};
+	if ((traced || w) && slice_take(tid, tgid, now, &sl)) {
+		if (st)
+			slice_add(&st->c, &sl);
+		struct mcp_counters *pc = proc_stats.lookup(&tgid);
+		if (pc)
+			proc_oncpu(pc, &sl);
+	}
 	if (st) {
 		emit_end(pid_tgid, now, st, MCP_END_THREAD_EXIT);
 		close_request(tid, tgid);
