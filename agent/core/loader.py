@@ -176,10 +176,10 @@ BPF_LD_IMM64, BPF_PSEUDO_MAP_FD = 0x18, 1  # include/uapi/linux/bpf.h
 WORKER_TIMEOUT_S = 60.0  # after this process's own compile: far above any compile seen (~2.5 s)
 
 # Memory a start charges to its cgroup after split_for decides (docs/PERFORMANCE.md): one process
-# peaks at 145 MiB charged, 15 MiB of it already there at the decision; each worker adds 42 MiB.
-# With 20 and 6 MiB of margin.
+# peaks at 145 MiB charged, 15 MiB of it already there at the decision; the first worker added 42
+# MiB, the second 48-59. With 20 and 5-22 MiB of margin.
 START_MEMORY = 150 << 20
-WORKER_MEMORY = 48 << 20
+WORKER_MEMORY = 64 << 20
 
 
 @dataclass(frozen=True)

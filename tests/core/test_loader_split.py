@@ -192,7 +192,7 @@ def test_headroom_of_a_real_memory_cgroup_decides_the_split(tmp_path):
         open(os.path.join(path, limit), "w").write(str(int(open(os.path.join(path, usage)).read()) + (32 << 20)))
         tight = subprocess.run([sys.executable, "-c", "import os;" + join + probe], env=env,
                                capture_output=True, text=True, check=True).stdout.split("\n")
-        assert "memory cgroup" in tight[0] and int(tight[1]) < loader.WORKER_MEMORY, tight
+        assert "memory cgroup" in tight[0] and int(tight[1]) < loader.START_MEMORY + loader.WORKER_MEMORY, tight
     finally:
         for _ in range(50):
             try:
