@@ -146,7 +146,11 @@ def put(path: str, k: str, reply: dict) -> None:
             pass
         raise CacheError(f"{path}: {e.strerror}") from None
     entries = []
-    for name in os.listdir(path):
+    try:
+        names = os.listdir(path)
+    except OSError:  # stored; the trim waits for the next put
+        return
+    for name in names:
         if name.endswith(".json"):
             try:
                 entries.append((os.lstat(os.path.join(path, name)).st_mtime_ns, name))
