@@ -484,6 +484,12 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
         _check_header_tree()
     except LoadError:
         return  # load() reports it
+    try:
+        # bcc imported here, before the thread: imported in it, it would share the GIL with the
+        # pipeline's import that runs meanwhile, and the compile (which holds no GIL) would begin late
+        _bpf_class()
+    except Exception:  # noqa: BLE001 - load() imports it again and reports what fails
+        return
     _ahead = _Ahead((unit_source(), tuple(cflags_for(plan, settings))), split_for(plan), progress)
     _ahead.thread.start()
 
