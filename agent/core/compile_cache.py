@@ -11,8 +11,11 @@ struct from it). Anything else that changed is caught where it matters: a progra
 fits fails to load, and the agent compiles everything again (loader._compile).
 
 Who can write here can choose the BPF programs a root agent loads: the directory must be a real
-directory owned by this uid and writable by no one else, entries too; otherwise the cache is not
-used and the start-up banner says why.
+directory owned by this uid and writable by no one else, every directory above it changeable by
+root or this uid alone (or sticky), entries regular files of this uid; otherwise the cache is not
+used and the start-up banner says why. A program of a cached part that the kernel no longer loads
+drops the entry and the unit compiles in one process (loader._compile loads every adopted program
+before it is kept or used).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import os
 import stat
 import sys
+import time
 
 ENV = "MCP_HOSTAGENT_COMPILE_CACHE"  # a directory, or "off"
 DEFAULT_DIR = "/var/cache/mcp-hostagent/bpf"
@@ -39,11 +43,15 @@ def directory() -> str | None:
 
 
 def _safe_dir(path: str, create: bool) -> None:
+    """path, and every directory above it, can be changed by this uid or root alone: otherwise
+    someone could swap a directory on the way between this check and an open (a sticky directory
+    such as /tmp is fine above one of ours: others cannot rename or remove what is in it)."""
     if create:
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
         except OSError as e:
             raise CacheError(f"{path}: {e.strerror}") from None
+    path = os.path.abspath(path)
     try:
         st = os.lstat(path)
     except OSError as e:
@@ -53,6 +61,15 @@ def _safe_dir(path: str, create: bool) -> None:
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise CacheError(f"{path}: must be owned by uid {os.geteuid()} and writable by no one else "
                          f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
+    up = os.path.dirname(path)
+    while True:
+        st = os.stat(up)
+        if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise CacheError(f"{up}: a directory above the cache that others can change "
+                             f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
+        if up == os.path.dirname(up):
+            return
+        up = os.path.dirname(up)
 
 
 def _stat_id(path: str) -> list:
@@ -74,14 +91,29 @@ def _format(tracepoint: str) -> str | None:
     return None
 
 
+def _headers(cflags: list[str]) -> dict[str, str]:
+    """Each header in the -I directories (bpf/: mcp_records.h): the unit includes them."""
+    out = {}
+    for f in cflags:
+        if f.startswith("-I"):
+            d = f[2:]
+            for name in sorted(os.listdir(d)) if os.path.isdir(d) else ():
+                if name.endswith(".h"):
+                    with open(os.path.join(d, name), "rb") as fh:
+                        out[os.path.join(d, name)] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
 def key(text: str, cflags: list[str], tracepoints: list[str]) -> str:
-    """The hex digest naming a part's reply: everything its compile reads (the module docstring)."""
+    """The hex digest naming a part's reply: everything its compile reads (the module docstring).
+    OSError: a file it must read cannot be."""
     import bcc
 
     uname = os.uname()
     tree = os.environ.get("BCC_KERNEL_SOURCE") or f"/lib/modules/{uname.release}/build"
     ident = {
         "text": hashlib.sha256(text.encode()).hexdigest(),
+        "included": _headers(cflags),
         "cflags": list(cflags),
         "bcc": [getattr(bcc, "__version__", "?"), _stat_id(_libbcc_path())],
         "kernel": [uname.release, uname.version, uname.machine, sys.byteorder],
@@ -111,7 +143,7 @@ def get(path: str, k: str) -> dict | None:
     _safe_dir(path, create=False)
     f = os.path.join(path, k + ".json")
     try:
-        fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO would block the start
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -122,7 +154,7 @@ def get(path: str, k: str) -> dict | None:
             raise CacheError(f"{f}: not a regular file of uid {os.geteuid()} writable by it alone")
         try:
             entry = json.loads(fh.read())
-        except ValueError:
+        except (ValueError, OSError):
             entry = None
     if not isinstance(entry, dict) or entry.get("key") != k or not isinstance(entry.get("reply"), dict):
         drop(path, k)
@@ -133,9 +165,12 @@ def get(path: str, k: str) -> dict | None:
 def put(path: str, k: str, reply: dict) -> None:
     """Store reply under k (written to a new file, then renamed over), keeping MAX_ENTRIES."""
     _safe_dir(path, create=True)
-    tmp = os.path.join(path, f".{k}.{os.getpid()}.tmp")
+    tmp = os.path.join(path, f".{k}.{os.getpid()}.{os.urandom(4).hex()}.tmp")  # pids repeat across namespaces
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise CacheError(f"{path}: {e.strerror}") from None
+    try:
         with os.fdopen(fd, "w") as fh:
             json.dump({"key": k, "reply": reply}, fh)
         os.rename(tmp, os.path.join(path, k + ".json"))
@@ -145,18 +180,26 @@ def put(path: str, k: str, reply: dict) -> None:
         except OSError:
             pass
         raise CacheError(f"{path}: {e.strerror}") from None
-    entries = []
+    _trim(path)
+
+
+def _trim(path: str) -> None:
+    """Keep the MAX_ENTRIES newest entries; temporary files an agent killed mid-write left, after an hour."""
     try:
         names = os.listdir(path)
     except OSError:  # stored; the trim waits for the next put
         return
+    entries, old = [], []
     for name in names:
+        try:
+            st = os.lstat(os.path.join(path, name))
+        except OSError:
+            continue
         if name.endswith(".json"):
-            try:
-                entries.append((os.lstat(os.path.join(path, name)).st_mtime_ns, name))
-            except OSError:
-                pass
-    for _, name in sorted(entries)[:-MAX_ENTRIES]:
+            entries.append((st.st_mtime_ns, name))
+        elif name.endswith(".tmp") and st.st_mtime_ns < (time.time() - 3600) * 1e9:
+            old.append(name)
+    for name in [n for _, n in sorted(entries)[:-MAX_ENTRIES]] + old:
         try:
             os.unlink(os.path.join(path, name))
         except OSError:

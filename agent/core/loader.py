@@ -288,7 +288,7 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
     picked = {f"-D{m}=1" for p in parts for m in p.macros}
     main_flags = [f for f in cflags if f not in picked]
     cache, note = compile_cache.directory(), ""
-    jobs = []  # [flags, cache key, cached reply, _Worker]
+    jobs = []  # [flags, cache key, reply, _Worker or None (the reply came from the cache)]
     for p in parts:
         mine = {f"-D{m}=1" for m in p.macros}
         flags = [f for f in cflags if f in mine or not f.startswith("-DMCP_PROBE_")]
@@ -297,14 +297,14 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
             try:
                 k = compile_cache.key(text, flags, list(p.tracepoints))
                 reply = compile_cache.get(cache, k)
-            except compile_cache.CacheError as e:
-                cache, note = None, f"; compile cache not used: {e}"
+            except (compile_cache.CacheError, OSError, ValueError) as e:
+                k, cache, note = None, None, f"; compile cache not used: {e}"
         jobs.append([flags, k, reply, None])
     try:
         for j in jobs:
             if j[2] is None:
                 j[3] = _Worker(text, j[0])
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # RuntimeError: no thread for its feed (TasksMax)
         for j in jobs:
             if j[3]:
                 j[3].stop()
@@ -318,24 +318,32 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
         raise
     try:
         deadline = time.monotonic() + WORKER_TIMEOUT_S
-        funcs = {}
+        theirs = []
         for j in jobs:
             if j[3]:
                 j[2] = j[3].reply(deadline)
-                if cache:
-                    try:
-                        compile_cache.put(cache, j[1], j[2])
-                    except compile_cache.CacheError as e:
-                        cache, note = None, f"; compile cache not written: {e}"
-            funcs.update(_adopted(bpf, j[2]))
+            theirs.append(_adopted(bpf, j[2]))
         first = jobs[0][2]
-        bpf.adopt(funcs, first["license"].encode(), int(first["kern_version"]))
+        bpf.adopt({n: i for funcs in theirs for n, i in funcs.items()}, first["license"].encode(),
+                  int(first["kern_version"]))
+        # Loaded now (attach would, a moment later): a cached program the kernel no longer takes
+        # must not be kept, nor leave its probe missing at every start; a fresh part whose program
+        # fails is not cached (its probe reports the verifier's error at attach, as in one process)
+        for j, funcs in zip(jobs, theirs):
+            failed = _load_all(bpf, funcs)
+            if failed and not j[3]:
+                raise ValueError(f"{failed} from the compile cache")
+            if j[3] and cache and j[1] and not failed:
+                try:
+                    compile_cache.put(cache, j[1], j[2])
+                except compile_cache.CacheError as e:
+                    cache, note = None, f"; compile cache not written: {e}"
     except (ValueError, KeyError, TypeError, AttributeError, subprocess.TimeoutExpired) as e:
         for w in workers:
             w.stop()
-        for j in jobs:  # a cached part may be the one that no longer fits
-            if j[1] and compile_cache.directory():
-                compile_cache.drop(compile_cache.directory(), j[1])
+        for j in jobs:  # a cached part may be the one that no longer fits: only those, where they came from
+            if not j[3] and j[1] and cache:
+                compile_cache.drop(cache, j[1])
         bpf.cleanup()
         bpf, _ = _compile_quietly(text, cflags, progress)
         return bpf, time.monotonic() - t0, f"1 process (a part from a worker or the cache: {e})"
@@ -349,6 +357,17 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
     if cached:
         how += f", {cached} part{'s' if cached > 1 else ''} from the compile cache"
     return bpf, time.monotonic() - t0, how + note
+
+
+def _load_all(bpf, funcs: dict[bytes, bytes]) -> str:
+    """Load each adopted program (all tracepoint programs: SIDE sources' non-uprobe probes); the
+    first that fails and why, or ""."""
+    for name in funcs:
+        try:
+            bpf.load_func(name, type(bpf).TRACEPOINT)
+        except Exception as e:  # noqa: BLE001 - bcc raises bare Exception with the kernel's reason
+            return f"{name.decode()}: {e}"
+    return ""
 
 
 class _Worker:
@@ -371,8 +390,16 @@ class _Worker:
             raise
         self.feed = threading.Thread(target=_feed, args=(self.proc.stdin, json.dumps({"text": text, "cflags": flags}).encode()),
                                      name="bpf-compile-feed", daemon=True)
-        self.proc.stdin = None  # _feed writes and closes it; communicate() must not flush it
-        self.feed.start()
+        stdin, self.proc.stdin = self.proc.stdin, None  # _feed writes and closes it; communicate() must not flush it
+        try:
+            self.feed.start()
+        except RuntimeError:
+            stdin.close()
+            self.proc.kill()
+            self.proc.wait()
+            self.proc.stdout.close()
+            self.diag.close()
+            raise
 
     def reply(self, deadline: float) -> dict:
         self.feed.join(max(0.0, deadline - time.monotonic()))
@@ -392,7 +419,8 @@ class _Worker:
         self.proc.wait()
         self.proc.stdout.close()
         self.diag.close()
-        self.feed.join()  # the write ends with EPIPE once the worker is gone
+        if self.feed.is_alive():
+            self.feed.join()  # the write ends with EPIPE once the worker is gone
 
 
 def _adopted(bpf, reply: dict) -> dict[bytes, bytes]:

@@ -7,6 +7,7 @@ loaded program uses (BPF_OBJ_GET_INFO_BY_FD: map_ids), and with a worker that fa
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import json
 import os
@@ -227,7 +228,7 @@ def check_adopted(got, plan) -> None:
     ours = {map_id(fd) for fd in compile_worker.tables(b.module)}
     apart = [s for s in plan.enabled() if s.macro in _macros(loader.split_for(plan)[0])
              and s.kind in probes.TRACEPOINT_KINDS]
-    assert set(b.adopted) >= {s.fn_name.encode() for s in apart}
+    assert apart and set(b.adopted) >= {s.fn_name.encode() for s in apart}
     for name in b.adopted:
         used = prog_map_ids(b.load_func(name, BPF.TRACEPOINT).fd)
         assert used and used <= ours, (name, used, ours)
@@ -295,22 +296,50 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
     assert got.processes.startswith("1 process (a part from a worker or the cache: "), got.processes
     assert "no_such_table" in got.processes and not entries[1].exists()
 
+    # a cached program the kernel refuses (here: exit with r0 unset): dropped, all compiled here
+    got, _ = _load(monkeypatch, "1", cache=str(cache))  # both parts cached again
+    got.bpf.cleanup()
+    entries = sorted(cache.glob("*.json"))
+    entry = json.loads(entries[0].read_text())
+    name = sorted(entry["reply"]["funcs"])[0]
+    entry["reply"]["funcs"][name] = base64.b64encode(insn(0x95)).decode()
+    entries[0].write_text(json.dumps(entry))
+    got, _ = _load(monkeypatch, "1", cache=str(cache))
+    got.bpf.cleanup()
+    assert got.processes.startswith(f"1 process (a part from a worker or the cache: {name}: "), got.processes
+    assert "from the compile cache)" in got.processes and not entries[0].exists()
+
     cache.chmod(0o777)
     got, _ = _load(monkeypatch, "1", cache=str(cache))
     got.bpf.cleanup()
     assert got.processes.startswith("3 processes; compile cache not used: "), got.processes
     assert "writable by no one else" in got.processes
+    # ours, but under a directory others can change (not sticky): someone could swap it
+    cache.chmod(0o700)
+    tmp_path.chmod(0o777)
+    try:
+        got, _ = _load(monkeypatch, "1", cache=str(cache))
+        got.bpf.cleanup()
+    finally:
+        tmp_path.chmod(0o700)
+    assert "a directory above the cache that others can change" in got.processes, got.processes
 
 
-def test_the_cache_key_follows_what_a_compile_reads(monkeypatch):
-    """Text, flags and each tracepoint's format (bcc builds TRACEPOINT_PROBE's args from it)."""
-    k = compile_cache.key("unit", ["-DA=1"], ["sched:sched_switch"])
-    assert k == compile_cache.key("unit", ["-DA=1"], ["sched:sched_switch"])
-    assert k != compile_cache.key("unit2", ["-DA=1"], ["sched:sched_switch"])
-    assert k != compile_cache.key("unit", ["-DA=2"], ["sched:sched_switch"])
-    real = compile_cache._format
-    monkeypatch.setattr(compile_cache, "_format", lambda tp: real(tp) + "field:int x; offset:99;")
-    assert k != compile_cache.key("unit", ["-DA=1"], ["sched:sched_switch"])
+@pytest.mark.bpf  # bcc's version and library are part of the key
+def test_the_cache_key_follows_what_a_compile_reads(monkeypatch, tmp_path):
+    """Text, flags, the headers of its -I directories (bpf/mcp_records.h) and each tracepoint's
+    format (bcc builds TRACEPOINT_PROBE's args from it)."""
+    (tmp_path / "mcp_records.h").write_text("struct r { int a; };\n")
+    flags = ["-DA=1", f"-I{tmp_path}"]
+    k = compile_cache.key("unit", flags, ["sched:sched_switch"])
+    assert k == compile_cache.key("unit", flags, ["sched:sched_switch"])
+    assert k != compile_cache.key("unit2", flags, ["sched:sched_switch"])
+    assert k != compile_cache.key("unit", ["-DA=2", f"-I{tmp_path}"], ["sched:sched_switch"])
+    (tmp_path / "mcp_records.h").write_text("struct r { long a; };\n")
+    k2 = compile_cache.key("unit", flags, ["sched:sched_switch"])
+    assert k2 != k
+    monkeypatch.setattr(compile_cache, "_format", lambda tp: "name: sched_switch\nfield:int x; offset:99;")
+    assert k2 != compile_cache.key("unit", flags, ["sched:sched_switch"])
 
 
 @pytest.mark.bpf
