@@ -27,10 +27,12 @@ import stat
 import sys
 import time
 
+from .kernel import DEBUGFS, TRACEFS
+
 ENV = "MCP_HOSTAGENT_COMPILE_CACHE"  # a directory, or "off"
 DEFAULT_DIR = "/var/cache/mcp-hostagent/bpf"
 MAX_ENTRIES = 16  # one per part (2 at most) per unit version and kernel: old ones are dropped
-TRACEFS_ROOTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+TRACEFS_ROOTS = (TRACEFS, f"{DEBUGFS}/tracing")  # where bcc reads formats
 
 
 class CacheError(Exception):

@@ -61,7 +61,7 @@ def _bpf_class():
             insns = self.adopted.get(func_name)
             if insns is None or func_name in self.funcs:
                 return super().load_func(func_name, prog_type, device, attach_type)
-            if device is not None or attach_type != -1:  # SIDE_PROGRAMS holds tracepoint probes only
+            if device is not None or attach_type != -1:  # WORKER_GROUPS' parts hold tracepoint probes only
                 raise Exception(f"{func_name.decode()} was compiled by the worker: no offload or attach type")
             # bcc's own load adds the module's BTF line info, which the worker's programs lack here:
             # a verifier error then names instructions, not source lines (`probes --dump` has both)
@@ -360,7 +360,7 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
 
 
 def _load_all(bpf, funcs: dict[bytes, bytes]) -> str:
-    """Load each adopted program (all tracepoint programs: SIDE sources' non-uprobe probes); the
+    """Load each adopted program (all tracepoint programs: split_for gives workers no uprobes); the
     first that fails and why, or ""."""
     for name in funcs:
         try:
@@ -395,10 +395,7 @@ class _Worker:
             self.feed.start()
         except RuntimeError:
             stdin.close()
-            self.proc.kill()
-            self.proc.wait()
-            self.proc.stdout.close()
-            self.diag.close()
+            self.stop()
             raise
 
     def reply(self, deadline: float) -> dict:
@@ -484,7 +481,7 @@ def release_compiler_memory(maps_path: str = "/proc/self/maps") -> None:
 class _Ahead:
     """A compile begun before it is needed (compile_ahead), taken by the load() it was begun for."""
 
-    def __init__(self, key: tuple, split: tuple[tuple[str, ...], str], progress):
+    def __init__(self, key: tuple, split: tuple[tuple[Part, ...], str], progress):
         self.key, self.split, self.result, self.error = key, split, None, None
         self.thread = threading.Thread(target=self._run, args=(progress,), name="bpf-compile", daemon=True)
 
