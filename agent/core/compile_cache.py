@@ -65,7 +65,10 @@ def _safe_dir(path: str, create: bool) -> None:
                          f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
     up = os.path.dirname(path)
     while True:
-        st = os.stat(up)
+        try:
+            st = os.stat(up)
+        except OSError as e:
+            raise CacheError(f"{up}: {e.strerror}") from None
         if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
             raise CacheError(f"{up}: a directory above the cache that others can change "
                              f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
