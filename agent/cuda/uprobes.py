@@ -21,37 +21,16 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import threading
 from dataclasses import dataclass
 
-BPF_PROG_LOAD = 5
+from ..core.bpfsys import BPF_PROG_TYPE_KPROBE, prog_load, sys_bpf, why
+
 BPF_LINK_CREATE = 28
-BPF_PROG_TYPE_KPROBE = 2
 BPF_TRACE_UPROBE_MULTI = 48  # enum bpf_attach_type, include/uapi/linux/bpf.h (Linux 6.6)
 BPF_F_UPROBE_MULTI_RETURN = 1  # link_create.uprobe_multi.flags
 MULTI, PERF = "uprobe_multi", "perf"
 ENV = "MCP_UPROBES"  # "perf" forces bcc's perf-event uprobes (tests, a kernel whose multi links misbehave)
-
-_SYS_BPF = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351, "riscv64": 280}.get(platform.machine(), 321)
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-class _ProgLoadAttr(ctypes.Structure):
-    """union bpf_attr, the BPF_PROG_LOAD member, up to expected_attach_type (offset 68). The kernel
-    takes a shorter attr than its own and reads the rest as zero."""
-    _fields_ = [("prog_type", ctypes.c_uint32),  # 0
-                ("insn_cnt", ctypes.c_uint32),  # 4
-                ("insns", ctypes.c_uint64),  # 8
-                ("license", ctypes.c_uint64),  # 16
-                ("log_level", ctypes.c_uint32),  # 24
-                ("log_size", ctypes.c_uint32),  # 28
-                ("log_buf", ctypes.c_uint64),  # 32
-                ("kern_version", ctypes.c_uint32),  # 40
-                ("prog_flags", ctypes.c_uint32),  # 44
-                ("prog_name", ctypes.c_char * 16),  # 48
-                ("prog_ifindex", ctypes.c_uint32),  # 64
-                ("expected_attach_type", ctypes.c_uint32)]  # 68
 
 
 class _LinkCreateUprobeMulti(ctypes.Structure):
@@ -73,18 +52,7 @@ class _LinkCreateUprobeMulti(ctypes.Structure):
                 ("_pad", ctypes.c_uint8 * 4)]
 
 
-assert ctypes.sizeof(_ProgLoadAttr) == 72 and ctypes.sizeof(_LinkCreateUprobeMulti) == 64
-
-
-def _sys_bpf(cmd: int, attr) -> tuple[int, int]:
-    """(fd or -1, errno)."""
-    r = _libc.syscall(_SYS_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
-    return r, (ctypes.get_errno() if r < 0 else 0)
-
-
-def why(err: int) -> str:
-    """One line for an errno: its name and meaning (the probe table's 'missing' reason)."""
-    return f"{errno.errorcode.get(err, str(err))} ({os.strerror(err)})"
+assert ctypes.sizeof(_LinkCreateUprobeMulti) == 64
 
 
 def _link_create(prog_fd: int, path: bytes, offset: int, retprobe: bool, pid: int) -> tuple[int, int]:
@@ -94,7 +62,7 @@ def _link_create(prog_fd: int, path: bytes, offset: int, retprobe: bool, pid: in
                                path=ctypes.addressof(pbuf), offsets=ctypes.addressof(offs), cnt=1,
                                uflags=BPF_F_UPROBE_MULTI_RETURN if retprobe else 0,
                                pid=ctypes.c_uint32(pid).value if pid not in (-1, None) else 0)
-    return _sys_bpf(BPF_LINK_CREATE, a)
+    return sys_bpf(BPF_LINK_CREATE, a)
 
 
 _probe_lock = threading.Lock()
@@ -115,12 +83,8 @@ def multi_supported() -> tuple[bool, str]:
 
 
 def _probe() -> tuple[bool, str]:
-    insns = (ctypes.c_uint64 * 2)(0x00000000000000b7,  # BPF_MOV64_IMM(BPF_REG_0, 0)
-                                  0x0000000000000095)  # BPF_EXIT_INSN()
-    lic = ctypes.create_string_buffer(b"GPL")
-    a = _ProgLoadAttr(prog_type=BPF_PROG_TYPE_KPROBE, insn_cnt=2, insns=ctypes.addressof(insns),
-                      license=ctypes.addressof(lic), expected_attach_type=BPF_TRACE_UPROBE_MULTI)
-    prog, err = _sys_bpf(BPF_PROG_LOAD, a)
+    insns = (0x00000000000000b7).to_bytes(8, "little") + (0x0000000000000095).to_bytes(8, "little")  # r0 = 0; exit
+    prog, err = prog_load(BPF_PROG_TYPE_KPROBE, insns, b"GPL", attach_type=BPF_TRACE_UPROBE_MULTI)
     if prog < 0:
         return False, f"BPF_PROG_LOAD with expected_attach_type uprobe_multi: {why(err)}"
     try:
