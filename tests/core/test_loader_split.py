@@ -90,23 +90,36 @@ def _macros(parts) -> set[str]:
 
 
 @pytest.mark.parametrize("cpus,workers", [(2, 1), (3, 2), (16, 2)])
-def test_workers_take_tracepoint_probes_of_their_sources_never_uprobes(monkeypatch, cpus, workers):
+def test_workers_take_tracepoint_probes_of_their_sources_and_this_process_the_uprobes(monkeypatch, cpus, workers):
     monkeypatch.setenv(loader.SPLIT_ENV, "1")
     monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
     plan = _plan()
     parts, why = loader.split_for(plan)
-    assert len(parts) == workers and why == ""
+    theirs, (here,) = [p for p in parts if not p.here], [p for p in parts if p.here]
+    assert len(theirs) == workers and why == ""
     by_macro = {s.macro: s for s in plan.enabled()}
-    side = _macros(parts)
-    assert side < set(by_macro) and len(side) == sum(len(p.macros) for p in parts)  # no probe in two parts
-    for p, group in zip(parts, loader.WORKER_GROUPS[workers]):
+    side = _macros(theirs)
+    assert side < set(by_macro) and len(side) == sum(len(p.macros) for p in theirs)  # no probe in two parts
+    for p, group in zip(theirs, loader.WORKER_GROUPS[workers]):
         assert {by_macro[m].program for m in p.macros} <= set(group)
         assert p.tracepoints == tuple(by_macro[m].tracepoint for m in p.macros)
     assert all(by_macro[m].kind != "uprobe" for m in side)
-    # what stays here: the uprobes, and on two CPUs requests.bpf.c (the halves' balance)
-    here = {by_macro[m].program for m in set(by_macro) - side if by_macro[m].kind != "uprobe"}
-    assert here == ({"requests.bpf.c"} if workers == 1 else set())
+    # the uprobes are a part of their own, compiled here unless cached
+    assert set(here.macros) == {m for m, s in by_macro.items() if s.kind == "uprobe"} and here.tracepoints == ()
+    # what else stays here: on two CPUs requests.bpf.c (the halves' balance)
+    rest = {by_macro[m].program for m in set(by_macro) - side - set(here.macros)}
+    assert rest == ({"requests.bpf.c"} if workers == 1 else set())
+
+
+def test_every_uprobe_program_is_known_as_kprobe_type_and_nothing_else():
+    """loader.KPROBE_PROGRAM finds the programs whose context is struct pt_regs in the unit's text:
+    each libcuda symbol's entry and return program (cuda/symbols.py), and no tracepoint program."""
+    from mcp_hostagent.cuda.symbols import SYMBOLS
+
+    found = loader.kprobe_programs(loader.unit_source())
+    assert found == {s.entry for s in SYMBOLS} | {s.ret for s in SYMBOLS if s.ret}
+    assert not found & {s.fn_name for s in _plan().enabled() if s.kind in probes.TRACEPOINT_KINDS}
 
 
 def test_one_process_on_one_cpu_when_asked_or_short_of_memory(monkeypatch):
@@ -117,10 +130,11 @@ def test_one_process_on_one_cpu_when_asked_or_short_of_memory(monkeypatch):
     monkeypatch.setenv(loader.SPLIT_ENV, "0")
     assert loader.split_for(_plan()) == ((), "1 process (MCP_HOSTAGENT_COMPILE_SPLIT=0)")
     monkeypatch.setenv(loader.SPLIT_ENV, "1")
-    assert len(loader.split_for(_plan())[0]) == 2
+    workers = lambda: [p for p in loader.split_for(_plan())[0] if not p.here]  # noqa: E731
+    assert len(workers()) == 2
     # room for one worker, not two: the two-CPU grouping
     monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.START_MEMORY + 2 * loader.WORKER_MEMORY - 1)
-    assert len(loader.split_for(_plan())[0]) == 1
+    assert len(workers()) == 1
     monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.START_MEMORY + loader.WORKER_MEMORY - 1)
     side, why = loader.split_for(_plan())
     assert side == () and "memory cgroup" in why
@@ -226,14 +240,24 @@ def check_adopted(got, plan) -> None:
     b = got.bpf
     assert b.adopted, "no program came from a worker"
     ours = {map_id(fd) for fd in compile_worker.tables(b.module)}
-    apart = [s for s in plan.enabled() if s.macro in _macros(loader.split_for(plan)[0])
+    apart = [s for s in plan.enabled() if s.macro in _macros(p for p in loader.split_for(plan)[0] if not p.here)
              and s.kind in probes.TRACEPOINT_KINDS]
     assert apart and set(b.adopted) >= {s.fn_name.encode() for s in apart}
+    kprobes = loader.kprobe_programs(loader.unit_source())
     for name in b.adopted:
-        used = prog_map_ids(b.load_func(name, BPF.TRACEPOINT).fd)
+        kind = BPF.KPROBE if name.decode() in kprobes else BPF.TRACEPOINT
+        used = prog_map_ids(b.load_func(name, kind).fd)
         assert used and used <= ours, (name, used, ours)
     attached = {n for n, st in plan.statuses.items() if st.state == probes.ATTACHED}
     assert {s.name for s in apart} <= attached
+
+
+def _entries(cache) -> tuple[list, list]:
+    """The cache's entries: (the workers' parts', the uprobe part's), each sorted by name."""
+    kprobes = loader.kprobe_programs(loader.unit_source())
+    entries = sorted(cache.glob("*.json"))
+    here = [e for e in entries if set(json.loads(e.read_text())["reply"]["funcs"]) <= kprobes]
+    return [e for e in entries if e not in here], here
 
 
 @pytest.mark.bpf
@@ -259,55 +283,67 @@ def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path, cpus):
 
 @pytest.mark.bpf
 def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust(monkeypatch, tmp_path):
-    """A second start loads both parts from the cache (this process compiles only the maps and the
-    uprobes) and gets the same programs on its own maps; a damaged entry is a miss; an entry whose
-    program no longer fits (a map it names is gone) makes one full compile here and is dropped; a
-    directory others can write is not used at all."""
+    """A second start loads every part from the cache (this process compiles only the maps) and gets
+    the same programs on its own maps, the uprobe programs too; a damaged entry is a miss; an entry
+    whose program no longer fits (a map it names is gone, or the verifier refuses it) makes one full
+    compile here and is dropped; a directory others can write is not used at all."""
+    from mcp_hostagent.core.compile_worker import reply_of
+
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     cache = tmp_path / "cache"
     got, plan = _load(monkeypatch, "1", cache=str(cache))
+    kprobes = loader.kprobe_programs(loader.unit_source())
+    compiled_uprobes = reply_of(got.bpf.module, kprobes)["funcs"]
     got.bpf.cleanup()
     assert got.processes == "3 processes"
-    entries = sorted(cache.glob("*.json"))
-    assert len(entries) == 2 and oct(cache.stat().st_mode & 0o777) == "0o700"
-    assert all(oct(e.stat().st_mode & 0o777) == "0o600" for e in entries)
+    theirs, here = _entries(cache)
+    assert len(theirs) == 2 and len(here) == 1 and oct(cache.stat().st_mode & 0o777) == "0o700"
+    assert all(oct(e.stat().st_mode & 0o777) == "0o600" for e in theirs + here)
+    assert set(json.loads(here[0].read_text())["reply"]["funcs"]) == set(compiled_uprobes) == kprobes
 
     got, plan = _load(monkeypatch, "1", cache=str(cache))
     try:
-        assert got.processes == "1 process, 2 parts from the compile cache", got.processes
+        assert got.processes == "1 process, 3 parts from the compile cache", got.processes
         check_adopted(got, plan)
+        assert {n.decode() for n in got.bpf.adopted} >= kprobes
+        assert not any(loader._compiled_here(got.bpf, n.encode()) for n in kprobes)
         single, plan1 = _load(monkeypatch, "0")
         single.bpf.cleanup()
         assert {n: st.state for n, st in plan.statuses.items()} == {n: st.state for n, st in plan1.statuses.items()}
     finally:
         got.bpf.cleanup()
 
-    entries[0].write_text("{not json")  # damaged: compiled again by a worker, and written again
-    got, _ = _load(monkeypatch, "1", cache=str(cache))
-    got.bpf.cleanup()
-    assert got.processes == "2 processes, 1 part from the compile cache", got.processes
-    assert json.loads(entries[0].read_text())["key"] == entries[0].stem
+    # damaged: compiled again (by a worker, or here for the uprobes), and written again
+    for entry, how in ((theirs[0], "2 processes, 2 parts from the compile cache"),
+                       (here[0], "1 process, 2 parts from the compile cache")):
+        entry.write_text("{not json")
+        got, _ = _load(monkeypatch, "1", cache=str(cache))
+        got.bpf.cleanup()
+        assert got.processes == how, got.processes
+        assert json.loads(entry.read_text())["key"] == entry.stem
 
-    entry = json.loads(entries[1].read_text())
+    entry = json.loads(theirs[1].read_text())
     entry["reply"]["maps"] = {fd: "no_such_table" for fd in entry["reply"]["maps"]}
-    entries[1].write_text(json.dumps(entry))
+    theirs[1].write_text(json.dumps(entry))
     got, _ = _load(monkeypatch, "1", cache=str(cache))
     got.bpf.cleanup()
     assert got.processes.startswith("1 process (a part from a worker or the cache: "), got.processes
-    assert "no_such_table" in got.processes and not entries[1].exists()
+    assert "no_such_table" in got.processes and not theirs[1].exists()
 
-    # a cached program the kernel refuses (here: exit with r0 unset): dropped, all compiled here
-    got, _ = _load(monkeypatch, "1", cache=str(cache))  # both parts cached again
-    got.bpf.cleanup()
-    entries = sorted(cache.glob("*.json"))
-    entry = json.loads(entries[0].read_text())
-    name = sorted(entry["reply"]["funcs"])[0]
-    entry["reply"]["funcs"][name] = base64.b64encode(insn(0x95)).decode()
-    entries[0].write_text(json.dumps(entry))
-    got, _ = _load(monkeypatch, "1", cache=str(cache))
-    got.bpf.cleanup()
-    assert got.processes.startswith(f"1 process (a part from a worker or the cache: {name}: "), got.processes
-    assert "from the compile cache)" in got.processes and not entries[0].exists()
+    # a cached program the kernel refuses (here: exit with r0 unset), a tracepoint's or a uprobe's
+    # (checked as a kprobe program): dropped, all compiled here
+    for pick in (lambda: _entries(cache)[0][0], lambda: _entries(cache)[1][0]):
+        got, _ = _load(monkeypatch, "1", cache=str(cache))  # every part cached again
+        got.bpf.cleanup()
+        path = pick()
+        entry = json.loads(path.read_text())
+        name = sorted(entry["reply"]["funcs"])[0]
+        entry["reply"]["funcs"][name] = base64.b64encode(insn(0x95)).decode()
+        path.write_text(json.dumps(entry))
+        got, _ = _load(monkeypatch, "1", cache=str(cache))
+        got.bpf.cleanup()
+        assert got.processes.startswith(f"1 process (a part from a worker or the cache: {name}: "), got.processes
+        assert "from the compile cache)" in got.processes and not path.exists()
 
     cache.chmod(0o777)
     got, _ = _load(monkeypatch, "1", cache=str(cache))

@@ -195,3 +195,54 @@ def test_attach_error_is_one_line_with_errno(build, bcc_env):  # noqa: F811
             uprobes.attacher_for(b, uprobes.PERF)  # the object's programs are loaded for multi links
     finally:
         b.cleanup()
+
+
+@pytest.mark.parametrize("mode", ["uprobe_multi", "perf"])
+def test_uprobe_programs_from_the_compile_cache_count_every_call(monkeypatch, tmp_path, build, mode):  # noqa: F811
+    """A start whose uprobe part came from the compile cache loads those programs itself (with the
+    expected attach type that uprobe_multi links need, or without for perf-event uprobes): every call
+    into the stand-in library's cuLaunchKernel is one hit of the launch counter, as the library
+    counts them; the program is the kernel's record of the link (multi)."""
+    import ctypes
+
+    from bcc import BPF
+
+    from mcp_hostagent.config import load_config
+    from mcp_hostagent.core import compile_cache, kernel, loader, probes
+    from mcp_hostagent.core import records as R
+    from mcp_hostagent.cuda import uprobes
+
+    if mode == uprobes.MULTI and not uprobes.multi_supported()[0]:
+        pytest.skip(uprobes.multi_supported()[1])
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setenv(loader.SPLIT_ENV, "1")
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "cache"))
+    cfg = load_config(None, env={})
+    kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
+
+    def load():
+        (got,) = loader.load(probes.plan(cfg.probes_disable, off=probes.switched_off(cfg)), loader.bpf_settings(cfg))
+        return got
+
+    load().bpf.cleanup()  # fills the cache
+    got = load()
+    d = None
+    try:
+        assert got.processes == "1 process, 2 parts from the compile cache", got.processes
+        assert b"cu_launch" in got.bpf.adopted and not loader._compiled_here(got.bpf, b"cu_launch")
+        up = uprobes.attacher_for(got.bpf, mode)
+        addr = BPF._check_path_symbol(build.lib.encode(), b"cuLaunchKernel", None, -1)[1]
+        up.attach("cu_launch", build.lib, addr)
+        if mode == uprobes.MULTI:
+            assert [x for x in our_links() if x["path"] == os.path.realpath(build.lib)
+                    and x["prog_id"] in prog_ids(got.bpf)]
+        hits = lambda: sum(got.bpf[b"stats"][ctypes.c_int(R.C["MCP_STAT_CU_LAUNCH_HITS"])])  # noqa: E731
+        before = hits()
+        d = Driver(build, build.lib)
+        d.do("launch 7")
+        calls = [int(x) for x in d.do("calls")]
+        assert calls[0] == 7 and hits() - before == calls[0]
+    finally:
+        if d is not None:
+            d.close()
+        got.bpf.cleanup()
