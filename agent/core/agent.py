@@ -144,6 +144,7 @@ class Agent:
             allow = owners.allowed_owners(cfg)
         except owners.OwnerError as e:
             raise StartError(str(e)) from None
+        self.gpu.warm()
         self.loaded = loader.load(self.plan, bpf_settings(cfg), self.progress)
         if self.loaded:  # before any probe sees a marker (the maps exist from the load on)
             owners.write_allow(self.loaded[0].bpf, allow)

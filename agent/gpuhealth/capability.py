@@ -11,6 +11,7 @@ no NVML call happens on the agent's thread.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter, deque
 
 from ..core.capability import Evidence, SourceStatus
@@ -38,6 +39,12 @@ class GpuHealth:
         self.tp = HealthDecoder()
         self.rejected: Counter = Counter() if rejected is None else rejected
         self.record_handlers: dict[type, object] = {}  # decoded record type -> fn(record, t_ns) (pcie's)
+
+    def warm(self) -> None:
+        """Begin NVML's init (import pynvml, nvmlInit: most of start()'s ~0.1 s on the GPU hosts) in a
+        thread, to overlap the BPF compile; start() then finds it done (Nvml.init holds a lock)."""
+        if self.enabled:
+            threading.Thread(target=self.sampler.nvml.init, name="mcp-nvml-init", daemon=True).start()
 
     def start(self, bpf_xid: bool = False) -> list[SourceStatus]:
         """bpf_xid: the gpu_xid BPF probe is attached; NVML's Xid events would count each Xid again."""
