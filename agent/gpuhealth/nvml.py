@@ -101,33 +101,39 @@ class Nvml:
         self.reason: str | None = None
         self.na_calls: dict[str, str] = {}  # "name[/variant]" or "name[/variant]@gpuN" -> why it reads NA
         self._logged: set[str] = set()
+        self._warned = False
 
     @property
     def module(self):
         self.init()
         return self._module
 
-    def init(self) -> bool:
+    def init(self, quiet: bool = False) -> bool:
+        """quiet: leave the "unavailable" warning to the next caller (the warm-up thread runs before the
+        load, whose own error must stay the only line a failed start prints)."""
         with self._lock:
-            if self.available is not None:
-                return self.available
-            try:
-                if self._module is None:
-                    import pynvml  # nvidia-ml-py
-
-                    self._module = pynvml
-                self._module.nvmlInit()
-                self.available = True
-            except ImportError as e:
-                self.available, self.reason = False, f"nvidia-ml-py not importable ({e})"
-            except Exception as e:  # noqa: BLE001 - NVMLError and anything a broken install raises
-                code = getattr(e, "value", None)
-                hint = {LIBRARY_NOT_FOUND: "libnvidia-ml.so.1 not found: no NVIDIA driver on this host?",
-                        DRIVER_NOT_LOADED: "NVIDIA kernel driver not loaded"}.get(code, f"nvmlInit failed: {e}")
-                self.available, self.reason = False, hint
-            if not self.available:
+            if self.available is None:
+                self._init()
+            if not self.available and not quiet and not self._warned:
+                self._warned = True
                 log.warning("NVML unavailable: %s; GPU sampling off", self.reason)
             return self.available
+
+    def _init(self) -> None:
+        try:
+            if self._module is None:
+                import pynvml  # nvidia-ml-py
+
+                self._module = pynvml
+            self._module.nvmlInit()
+            self.available = True
+        except ImportError as e:
+            self.available, self.reason = False, f"nvidia-ml-py not importable ({e})"
+        except Exception as e:  # noqa: BLE001 - NVMLError and anything a broken install raises
+            code = getattr(e, "value", None)
+            hint = {LIBRARY_NOT_FOUND: "libnvidia-ml.so.1 not found: no NVIDIA driver on this host?",
+                    DRIVER_NOT_LOADED: "NVIDIA kernel driver not loaded"}.get(code, f"nvmlInit failed: {e}")
+            self.available, self.reason = False, hint
 
     def call(self, name: str, *args, na_key: str | None = None, variant: str = ""):
         """pynvml.<name>(*args); NA when not supported. na_key (e.g. "gpu0") scopes "not supported" so

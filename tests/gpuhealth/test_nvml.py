@@ -60,6 +60,19 @@ def test_absent_nvml_is_reported_not_fatal():
     assert xid.start() is False and xid.state == "degraded" and xid.reason == nvml.reason
 
 
+def test_quiet_warm_up_leaves_the_one_warning_to_the_next_caller(caplog):
+    """The agent warms NVML in a thread before the BPF load; a failed load's error must stay the only
+    line a failed start prints, so the warm-up says nothing and the sampler's start warns once."""
+    nvml = Nvml()
+    with caplog.at_level(logging.WARNING, logger="mcp_hostagent"):
+        assert nvml.init(quiet=True) is False
+        assert [r for r in caplog.records if "NVML unavailable" in r.getMessage()] == []
+        assert NvmlSampler(nvml=nvml).start() is False
+        assert nvml.init() is False
+    warned = [r.getMessage() for r in caplog.records if "NVML unavailable" in r.getMessage()]
+    assert warned == [f"NVML unavailable: {nvml.reason}; GPU sampling off"]
+
+
 def test_driver_not_loaded_reason():
     fake = ReplayNvml()
     fake.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
