@@ -21,7 +21,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otlp_receiver import GrpcReceiver, HttpReceiver, ReceivedMetric, ReceivedSpan, attrs
 
 from mcp_hostagent import __version__
-from mcp_hostagent.exporters.jsonl import ids_to_base64, metrics_path
+from mcp_hostagent.exporters.files import metrics_path
+from mcp_hostagent.exporters.jsonl import ids_to_base64
 from mcp_hostagent.core.kernel import tracepoint_exists
 from mcp_hostagent.core.probes import PROBES, switched_off
 from mcp_hostagent.core.processes import METRIC_IDENTITY

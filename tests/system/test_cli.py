@@ -21,7 +21,7 @@ import pytest
 from mcp_hostagent import __version__
 from mcp_hostagent.core.kernel import tracepoint_exists
 from mcp_hostagent.core.probes import PROBES, TRACEPOINT_KINDS, UPROBE_STATES, probe_names
-from mcp_hostagent.exporters.jsonl import metrics_path
+from mcp_hostagent.exporters.files import metrics_path
 
 AGENT = [sys.executable, "-m", "mcp_hostagent"]
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -12,7 +12,7 @@ import pytest
 
 from mcp_hostagent.core.decode import Counters
 from mcp_hostagent.exporters import build_exporters
-from mcp_hostagent.exporters.jsonl import metrics_path
+from mcp_hostagent.exporters.files import metrics_path
 from mcp_hostagent.core.processes import Processes
 from mcp_hostagent.telemetry.otel import SPAN_SCHEDULE_DELAY_MS, Telemetry, span_schedule_delay_ms
 from mcp_hostagent.core.timebase import Timebase

@@ -26,7 +26,7 @@ from otlp_receiver import GrpcReceiver
 from mcp_hostagent import config as C
 from mcp_hostagent import marker
 from mcp_hostagent.cli import _checked, main
-from mcp_hostagent.exporters.jsonl import metrics_path
+from mcp_hostagent.exporters.files import metrics_path
 from test_cli import (AGENT, BPF_MAP_GET_FD_BY_ID, BPF_PROG_GET_FD_BY_ID, ERROR, bpf_ids, bpf_object_exists, clean_env,
                       expected_attached, expected_missing, expected_programs, lines, probe_counts)
 

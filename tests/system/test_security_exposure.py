@@ -24,7 +24,8 @@ from mcp_hostagent import config as C
 from mcp_hostagent import control
 from mcp_hostagent.requests import traceparent
 from mcp_hostagent.exporters import build_exporters
-from mcp_hostagent.exporters.jsonl import JsonlSpanExporter, JsonlWriter, UnsafeFileError, check_jsonl_path
+from mcp_hostagent.exporters.files import UnsafeFileError, check_jsonl_path
+from mcp_hostagent.exporters.jsonl import JsonlSpanExporter, JsonlWriter
 from mcp_hostagent.core.identity import ProcessRegistry
 from mcp_hostagent.otlpheaders import check_env_headers
 from mcp_hostagent.redact import command_line, redact_argv, redact_text, redact_url
