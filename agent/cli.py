@@ -165,6 +165,10 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
     from .core import loader
 
     loader.compile_ahead_for(cfg, progress)  # LLVM in a thread while the pipeline below is imported
+    from . import exporters
+    from .core import imports_behind
+
+    imports_behind.start(f"{__package__}.telemetry.otel", *exporters.modules_for(cfg))
     try:
         from .core.agent import StartError
         from .sdnotify import Notifier
@@ -250,7 +254,7 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
 def _start_agent(cfg, progress, echo, reloads):
     """Start an Agent for cfg, print what it attached, serve the control socket. StartError on failure."""
     from .control import serve
-    from .exporters.jsonl import UnsafeFileError, check_jsonl_path
+    from .exporters.files import UnsafeFileError, check_jsonl_path
     from .core.agent import Agent, StartError
     from .core.probes import UPROBE_STATES
 

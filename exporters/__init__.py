@@ -18,13 +18,49 @@ import os
 from dataclasses import dataclass, field
 from typing import IO, Callable
 
+from typing import TYPE_CHECKING
+
 from ..redact import redact_url
-from .console import ConsoleMetricExporter, ConsoleSpanExporter
-from .counting import (CountingBatchSpanProcessor, CountingMetricExporter, CountingSpanExporter, ExportStats,
-                       MultiSpanExporter, install_export_error_filters)
-from .jsonl import JsonlMetricExporter, JsonlSpanExporter, JsonlWriter, metrics_path
-from .otlp import otlp_metric_exporter, otlp_span_exporter
-from .prometheus import ListenError, PrometheusReader, PrometheusServer
+
+if TYPE_CHECKING:
+    from .counting import CountingMetricExporter, CountingSpanExporter, ExportStats
+
+# The sinks' modules import the OpenTelemetry SDK and protobuf (~0.3 s of a GPU host's start): they
+# are imported where they are used, after the probes are attached; `mcp-agent run` imports them in a
+# thread while the BPF unit compiles (modules_for, cli.py). The names stay importable from here.
+_LAZY = {
+    "ConsoleMetricExporter": "console", "ConsoleSpanExporter": "console",
+    "CountingBatchSpanProcessor": "counting", "CountingMetricExporter": "counting",
+    "CountingSpanExporter": "counting", "ExportStats": "counting", "MultiSpanExporter": "counting",
+    "JsonlMetricExporter": "jsonl", "JsonlSpanExporter": "jsonl", "JsonlWriter": "jsonl",
+    "otlp_metric_exporter": "otlp", "otlp_span_exporter": "otlp",
+    "PrometheusReader": "prometheus", "PrometheusServer": "prometheus",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def modules_for(cfg) -> list[str]:
+    """The modules from_config(cfg) imports (with them the SDK, protobuf, and grpc or requests for
+    OTLP): what `mcp-agent run` imports in a thread while the BPF unit compiles (cli.py)."""
+    mods = [f"{__name__}.counting"]
+    for on, name in ((cfg.export_jsonl_path, "jsonl"), (cfg.export_console, "console"),
+                     (cfg.export_prometheus_listen, "prometheus")):
+        if on:
+            mods.append(f"{__name__}.{name}")
+    if cfg.export_otlp_endpoint or _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                                        "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        protocol = cfg.export_otlp_protocol or _env("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+        kind = "grpc" if protocol == "grpc" else "http"
+        mods += [f"opentelemetry.exporter.otlp.proto.{kind}.{s}_exporter" for s in ("trace", "metric")]
+    return mods
+
 
 __all__ = [
     "ConsoleMetricExporter",
@@ -105,6 +141,9 @@ def build_exporters(
     from now until close(); ValueError (one line) when the address is malformed or cannot be bound.
     `prometheus_extra` returns further Metric objects for each scrape (PrometheusReader's extra).
     """
+    from .counting import ExportStats
+    from .prometheus import PrometheusReader, PrometheusServer
+
     stats = ExportStats() if stats is None else stats
     spans, metrics, sinks = [], [], []
     pull_readers, servers = [], []
@@ -123,6 +162,12 @@ def build_exporters(
 
 def _build(jsonl_path, otlp_endpoint, otlp_protocol, console_stream, stats, otlp_timeout_s, otlp_headers,
            spans, metrics, sinks, pull_readers, servers) -> Exporters:
+    from .console import ConsoleMetricExporter, ConsoleSpanExporter
+    from .counting import CountingMetricExporter, CountingSpanExporter, MultiSpanExporter, install_export_error_filters
+    from .files import metrics_path
+    from .jsonl import JsonlMetricExporter, JsonlSpanExporter, JsonlWriter
+    from .otlp import otlp_metric_exporter, otlp_span_exporter
+
     if jsonl_path:
         writer, mwriter = JsonlWriter(jsonl_path), JsonlWriter(metrics_path(jsonl_path))
         spans.append(JsonlSpanExporter(writer))
@@ -189,6 +234,7 @@ def from_config(cfg) -> Exporters:
 
     from ..config import ConfigError
     from ..otlpheaders import read_headers_file
+    from .prometheus import ListenError
 
     headers = None
     if cfg.export_headers_file:
@@ -208,5 +254,7 @@ def from_config(cfg) -> Exporters:
 
 def counting_only(note: str = "none: telemetry is counted, not exported") -> Exporters:
     """Exporters that count spans and export nothing (`mcp-agent top` running its own probes)."""
+    from .counting import CountingSpanExporter, ExportStats, MultiSpanExporter
+
     stats = ExportStats()
     return Exporters(CountingSpanExporter(MultiSpanExporter([]), stats), [], stats, [note])

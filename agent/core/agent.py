@@ -17,8 +17,8 @@ import resource
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .. import exporters as exporters_mod
 from ..config import Config, ConfigError
 from ..cuda.capability import Cuda
 from ..gpuhealth.capability import GpuHealth
@@ -31,14 +31,17 @@ from ..reclaim.oom import OomKill
 from ..requests import owners
 from ..requests.capability import Requests
 from ..http.capability import Http
-from ..telemetry.otel import Telemetry
 from ..telemetry.snapshot import AgentView, SnapshotBuilder, TickState
-from . import discovery, kernel, loader, probes
+from . import discovery, imports_behind, kernel, loader, probes
 from . import records as R
 from .decode import DecodeError, Route, decode
 from .health import AgentHealth
 from .processes import Processes
 from .timebase import Timebase
+
+if TYPE_CHECKING:  # imported in start(), after the attach: they import the OpenTelemetry SDK
+    from ..exporters import Exporters
+    from ..telemetry.otel import Telemetry
 
 log = logging.getLogger("mcp_hostagent")
 
@@ -89,7 +92,7 @@ class Agent:
     """Not started, an Agent still decodes and handles the health tracepoints' records (gpuhealth,
     pcie: no BPF object needed); the other record types are routed once start() loaded the programs."""
 
-    def __init__(self, cfg: Config, exporters: exporters_mod.Exporters | None = None, progress=None,
+    def __init__(self, cfg: Config, exporters: Exporters | None = None, progress=None,
                  proc_root: str = "/proc", nvml_module=None, sysfs_root: str = "/sys"):
         self.cfg = cfg
         self.progress = progress
@@ -159,6 +162,10 @@ class Agent:
         if not self.loaded:
             raise StartError(f"no BPF program loaded: {reasons}")
         self.bpf = self.loaded[0].bpf
+        imports_behind.wait()
+        from .. import exporters as exporters_mod
+        from ..telemetry.otel import Telemetry
+
         try:  # once nothing else can refuse the start: the Prometheus endpoint binds its port here
             exporters = self._exporters or exporters_mod.from_config(cfg)
         except ConfigError as e:

@@ -412,3 +412,41 @@ def test_direct_span_json_equals_the_protobuf_path():
     assert spans_json_line(spans) == otlp_json_line(encode_spans(spans))
     for one in spans:
         assert spans_json_line([one]) == otlp_json_line(encode_spans([one]))
+
+
+@pytest.mark.parametrize("overrides", [
+    {"export.otlp_endpoint": "http://127.0.0.1:9", "export.otlp_protocol": "grpc", "export.console": True},
+    {"export.otlp_endpoint": "http://127.0.0.1:9", "export.otlp_protocol": "http/protobuf",
+     "export.prometheus_listen": "127.0.0.1:0"},
+])
+def test_modules_imported_behind_the_compile_are_the_ones_the_start_uses(overrides, tmp_path):
+    """`mcp-agent run` imports exporters.modules_for(cfg) in a thread while the BPF unit compiles; a
+    fresh interpreter shows the agent's core leaves OpenTelemetry alone, that the thread imports every
+    module listed, and that from_config needs no OTLP module the list misses."""
+    code = f"""
+import sys
+from mcp_hostagent import config as C
+import mcp_hostagent.core.agent
+assert not [m for m in sys.modules if m.startswith(("opentelemetry", "google.protobuf"))], "core imports OTel"
+from mcp_hostagent import exporters
+from mcp_hostagent.core import imports_behind
+cfg = C.load_config(None, env={{}}, overrides={dict(overrides, **{"export.jsonl_path": str(tmp_path / "s.jsonl")})!r})
+mods = exporters.modules_for(cfg)
+imports_behind.start("mcp_hostagent.telemetry.otel", *mods)
+imports_behind.wait()
+missing = [m for m in mods if m not in sys.modules]
+assert not missing, missing
+before = {{m for m in sys.modules if m.startswith("opentelemetry.exporter")}}
+ex = exporters.from_config(cfg)
+ex.close()
+after = {{m for m in sys.modules if m.startswith("opentelemetry.exporter")}}
+assert after == before, sorted(after - before)
+print("ok", len(mods))
+"""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
+    assert r.returncode == 0 and r.stdout.startswith("ok "), r.stderr
+

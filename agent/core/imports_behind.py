@@ -1,0 +1,34 @@
+"""Import modules in a thread while the BPF unit compiles.
+
+The OpenTelemetry SDK, protobuf and the exporters (~0.5 s of a GPU host's start under the compile's
+load) are first used after the probes are attached (Agent.start). `mcp-agent run` starts their import
+here, before the compile, so that it overlaps the compile instead of delaying the attach; Agent.start
+waits for it before importing them itself, so that no module is imported by two threads at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+
+_thread: threading.Thread | None = None
+
+
+def start(*modules: str) -> None:
+    """A module that fails to import is left to the importer in Agent.start, which reports it."""
+    global _thread
+
+    def run():
+        for m in modules:
+            try:
+                importlib.import_module(m)
+            except BaseException:  # noqa: BLE001 - reported by the import that follows in Agent.start
+                return
+
+    _thread = threading.Thread(target=run, name="mcp-import-behind", daemon=True)
+    _thread.start()
+
+
+def wait() -> None:
+    if _thread is not None:
+        _thread.join()
