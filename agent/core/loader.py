@@ -81,11 +81,11 @@ UNIT_NAME = "agent.bpf"
 
 def bpf_settings(cfg) -> dict[str, int]:
     """The BPF programs' compile-time settings (-D), each capability's and the watch mode."""
-    from ..reclaim import capability as reclaim_cap
-    from ..requests import capability as requests_cap
+    from ..reclaim import records as reclaim_records  # not the capabilities: they import the pipeline
+    from ..requests import records as requests_records
 
-    return {"MCP_WATCH_ALL": cfg.process_watch == "all", **requests_cap.bpf_settings(cfg),
-            **reclaim_cap.bpf_settings(cfg)}
+    return {"MCP_WATCH_ALL": cfg.process_watch == "all", **requests_records.bpf_settings(cfg),
+            **reclaim_records.bpf_settings(cfg)}
 
 
 def cflags_for(plan: ProbePlan, settings: dict[str, int]) -> list[str]:
@@ -355,8 +355,7 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
         # Loaded now (attach would, a moment later): a cached program the kernel no longer takes
         # must not be kept, nor leave its probe missing at every start; a fresh part whose program
         # fails is not cached (its probe reports the verifier's error at attach, as in one process)
-        for j, funcs in zip(jobs, checks):
-            failed = _load_all(bpf, funcs, kprobes, j.reply)
+        for j, failed in zip(jobs, _load_parts(bpf, [(f, j.reply) for j, f in zip(jobs, checks)], kprobes)):
             if failed and j.cached:
                 raise ValueError(f"{failed} from the compile cache")
             if not j.cached and cache and j.key and not failed:
@@ -400,6 +399,39 @@ def _load_all(bpf, funcs: dict[bytes, bytes], kprobes: set[str], reply: dict) ->
         except Exception as e:  # noqa: BLE001 - bcc raises bare Exception with the kernel's reason
             return f"{name.decode()}: {e}"
     return ""
+
+
+def _load_parts(bpf, parts: list[tuple[dict[bytes, bytes], dict]], kprobes: set[str]) -> list[str]:
+    """_load_all of each (funcs, reply), each part in a thread of its own: the verifier runs inside
+    bpf(2), which ctypes calls without the GIL, so the parts are verified side by side (the H100
+    host: 0.27 s one after another). What a thread raised is raised here, once all are done."""
+    out: list = [""] * len(parts)
+
+    def run(i):
+        try:
+            out[i] = _load_all(bpf, parts[i][0], kprobes, parts[i][1])
+        except BaseException as e:  # noqa: BLE001 - re-raised below, in the caller's thread
+            out[i] = e
+
+    threads = []
+    for i in range(1, len(parts)):
+        t = threading.Thread(target=run, args=(i,), name=f"mcp-bpf-load-{i}", daemon=True)
+        try:
+            t.start()
+        except RuntimeError:  # no thread (TasksMax): this one loads it after the others
+            t = None
+        threads.append(t)
+    if parts:
+        run(0)
+    for i, t in enumerate(threads, 1):
+        if t is None:
+            run(i)
+        else:
+            t.join()
+    for x in out:
+        if isinstance(x, BaseException):
+            raise x
+    return out
 
 
 def _stop_all(workers) -> None:

@@ -29,11 +29,6 @@ MAX_STORM_LINKS = 128  # the SDK's default link limit per span (OTEL_SPAN_LINK_C
 KEEP_OOM_KILLS = 256  # recent kills, for the requests that end after them
 
 
-def bpf_settings(cfg) -> dict[str, int]:
-    """reclaim.bpf.c's compile-time settings: stalls at least this long travel as records."""
-    return {"MCP_STALL_THRESHOLD_NS": int(cfg.reclaim_stall_threshold_ms * 1e6)}
-
-
 def storm_thresholds(cfg) -> Thresholds:
     return Thresholds(cfg.reclaim_storm_kswapd_ratio, cfg.reclaim_storm_direct_ms_per_s,
                       cfg.reclaim_storm_memcg_ms_per_s, 1, cfg.reclaim_storm_close_windows)

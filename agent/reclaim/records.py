@@ -1,4 +1,6 @@
-"""The reclaim records of bpf/reclaim.bpf.c (ring buffer events), decoded from their structs."""
+"""The reclaim records of bpf/reclaim.bpf.c (ring buffer events), decoded from their structs,
+and the settings the program is compiled with (bpf_settings: the loader reads them before the
+compile starts, without importing the capability's pipeline)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,11 @@ from dataclasses import dataclass
 
 from ..core import records as R
 from ..core.decode import DecodeError, Header, Route
+
+
+def bpf_settings(cfg) -> dict[str, int]:
+    """reclaim.bpf.c's compile-time settings: stalls at least this long travel as records."""
+    return {"MCP_STALL_THRESHOLD_NS": int(cfg.reclaim_stall_threshold_ms * 1e6)}
 
 
 @dataclass(frozen=True)

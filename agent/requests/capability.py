@@ -8,10 +8,9 @@ children (telemetry.py). Requests whose END never comes are expired here from th
 from __future__ import annotations
 
 import ctypes
-import os
 import time
 
-from ..core import kernel, records as R, tracefs
+from ..core import records as R
 from ..core.capability import NONE
 from ..core.decode import Route, counters_from
 from ..core.health import AgentHealth
@@ -21,22 +20,6 @@ from .join import RequestJoiner
 EXPIRY_SCAN_S = 5.0
 # records read from req_events between updates of req_flow[CONSUMED] inside one poll (a map write)
 REQ_READ_TELL_EVERY = 64
-
-
-def bpf_settings(cfg) -> dict[str, int]:
-    """requests.bpf.c's compile-time settings: per-process and per-owner limits."""
-    return {"MCP_MAX_OPEN_PER_PID": cfg.requests_max_open_per_pid, "MCP_GROUP_TREE": cfg.requests_group == "tree",
-            "MCP_MAX_BEGINS_PER_S": cfg.requests_max_begins_per_s_per_pid, **owners.bpf_settings(cfg),
-            "MCP_PAGE_SIZE": os.sysconf("SC_PAGE_SIZE"), "MCP_FILEMAP_ORDER": filemap_has_order()}
-
-
-def filemap_has_order() -> bool:
-    """Whether mm_filemap_add_to_page_cache says its folio's order (newer kernels; older ones add one
-    page each): bcc builds the record's struct from the format at compile time, so the field is used
-    only where the format has it."""
-    name = "filemap/mm_filemap_add_to_page_cache"
-    fmt = tracefs.load_formats(kernel.TRACEFS, [name])[name]
-    return isinstance(fmt, tracefs.TracepointFormat) and any(f.name == "order" for f in fmt.fields)
 
 
 class Requests:

@@ -122,6 +122,30 @@ def test_every_uprobe_program_is_known_as_kprobe_type_and_nothing_else():
     assert not found & {s.fn_name for s in _plan().enabled() if s.kind in probes.TRACEPOINT_KINDS}
 
 
+def test_parts_load_side_by_side_and_what_a_part_raises_reaches_the_caller(monkeypatch):
+    """_load_parts: each part's _load_all in its own thread (the verifier runs inside bpf(2), without
+    the GIL), the results in the parts' order; an exception in a part's thread (a damaged cache reply's
+    KeyError) is raised in the caller's, where _compile turns it into the one-process fallback."""
+    import threading
+
+    seen, gate = [], threading.Barrier(3, timeout=5)
+
+    def load_all(bpf, funcs, kprobes, reply):
+        gate.wait()  # only passes when all three parts are being loaded at once
+        seen.append(threading.current_thread().name)
+        if reply.get("broken"):
+            raise KeyError("license")
+        return reply.get("fail", "")
+
+    monkeypatch.setattr(loader, "_load_all", load_all)
+    parts = [({}, {}), ({}, {"fail": "p: EACCES"}), ({}, {})]
+    assert loader._load_parts(None, parts, set()) == ["", "p: EACCES", ""]
+    assert len(set(seen)) == 3
+    gate.reset()
+    with pytest.raises(KeyError, match="license"):
+        loader._load_parts(None, [({}, {}), ({}, {}), ({}, {"broken": True})], set())
+
+
 def test_one_process_on_one_cpu_when_asked_or_short_of_memory(monkeypatch):
     monkeypatch.setattr(loader, "memcg_headroom", lambda: 1 << 30)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -288,7 +289,8 @@ def test_tree_groups_follow_the_servers_children_not_its_cgroup(make_agent):
     is its process tree alone: the engine process it forks, not the neighbours."""
     port = free_port()
     srv = subprocess.Popen([sys.executable, "-m", "uvicorn", "fastapi_app:app", "--app-dir", HERE, "--host", "127.0.0.1",
-                            "--port", str(port), "--loop", "asyncio", "--http", "h11", "--log-level", "warning"])
+                            "--port", str(port), "--loop", "asyncio", "--http", "h11", "--log-level", "warning"],
+                           start_new_session=True)  # its group: killed with the engine it forks
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -315,5 +317,5 @@ def test_tree_groups_follow_the_servers_children_not_its_cgroup(make_agent):
         assert at["hostagent.request.group.root_pid"] == srv.pid
         assert inner["faults"] <= at["hostagent.request.group.faults.user"] <= after - before, (inner, dict(at))
     finally:
-        srv.kill()
+        os.killpg(srv.pid, signal.SIGKILL)
         srv.wait()
