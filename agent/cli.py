@@ -19,6 +19,7 @@ import click
 from . import __version__, config as config_mod
 
 EXIT_CONFIG = 2
+START_SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval while `run` starts (see run)
 
 
 def _fail(msg: str, code: int = 1):
@@ -164,6 +165,11 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
     echo(f"mcp-agent {__version__} on {os.uname().nodename}, kernel {os.uname().release}")
     from .core import loader
 
+    # Until READY, the compile thread (cache reads, one bpf(2) load per program) and this one (importing
+    # the pipeline) both run Python: a thread back from a C call waits up to the switch interval (5 ms
+    # by default) for the GIL each time. Shorter while starting; the default once started.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(START_SWITCH_INTERVAL_S)
     loader.compile_ahead_for(cfg, progress)  # LLVM in a thread while the pipeline below is imported
     from . import exporters
     from .core import imports_behind
@@ -203,6 +209,7 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
             agent, ctl = _start_agent(cfg, progress, echo, reloads)
         finally:
             loader.drop_ahead()  # a start that failed before the load: fds 1 and 2 restored before printing
+            sys.setswitchinterval(switch)
     except StartError as e:
         progress.clear()
         notifier.notify(f"STATUS=failed to start: {e}")
