@@ -243,11 +243,18 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, help="runs of each kind; default 8, --quick 3")
     ap.add_argument("--drop-caches", action="store_true", help="also runs after dropping the page cache")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--kinds", help="comma-separated subset of plain,single,cached,instrumented (default: all)")
     a = ap.parse_args(argv)
     c.require_root()
     c.ensure_project_python()
     runs = a.runs or (3 if a.quick else 8)
-    kinds = ["plain", "single", "cached", "instrumented"] + (["cold"] if a.drop_caches else [])
+    kinds = ["plain", "single", "cached", "instrumented"]
+    if a.kinds:
+        bad = set(a.kinds.split(",")) - set(kinds)
+        if bad:
+            ap.error(f"--kinds: unknown {', '.join(sorted(bad))} (choose from {','.join(kinds)})")
+        kinds = [k for k in kinds if k in a.kinds.split(",")]
+    kinds += ["cold"] if a.drop_caches else []
     warn = c.other_load_warning()
     if warn:
         print(warn)
