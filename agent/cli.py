@@ -174,7 +174,8 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
     from . import exporters
     from .core import imports_behind
 
-    imports_behind.start(f"{__package__}.telemetry.otel", *exporters.modules_for(cfg))
+    imports_behind.start(f"{__package__}.telemetry.otel", *exporters.modules_for(cfg),
+                         *(["pynvml"] if cfg.gpu_enabled else []))  # NVML's warm-up then only inits
     try:
         from .core.agent import StartError
         from .sdnotify import Notifier

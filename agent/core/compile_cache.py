@@ -31,7 +31,7 @@ from .kernel import DEBUGFS, TRACEFS
 
 ENV = "MCP_HOSTAGENT_COMPILE_CACHE"  # a directory, or "off"
 DEFAULT_DIR = "/var/cache/mcp-hostagent/bpf"
-MAX_ENTRIES = 16  # one per part (2 at most) per unit version and kernel: old ones are dropped
+MAX_ENTRIES = 16  # one per part (3 at most: two workers' and the uprobes) per unit version and kernel; older dropped
 TRACEFS_ROOTS = (TRACEFS, f"{DEBUGFS}/tracing")  # where bcc reads formats
 
 

@@ -1,9 +1,11 @@
 """Import modules in a thread while the BPF unit compiles.
 
 The OpenTelemetry SDK, protobuf and the exporters (~0.5 s of a GPU host's start under the compile's
-load) are first used after the probes are attached (Agent.start). `mcp-agent run` starts their import
+load) are first used after the probes are attached (Agent.start); pynvml by NVML's warm-up thread,
+which otherwise imports it while the load is being finished. `mcp-agent run` starts their import
 here, before the compile, so that it overlaps the compile instead of delaying the attach; Agent.start
-waits for it before importing them itself, so that no module is imported by two threads at once.
+waits for it before importing them itself (pynvml, a leaf, may be imported by both: its module lock
+makes one thread wait for the other).
 """
 
 from __future__ import annotations
