@@ -187,7 +187,7 @@ WORKER_MEMORY = 64 << 20
 class Part:
     """A share of the unit compiled apart and kept in the compile cache: its probes' macros and their
     tracepoints (the cache key's). A worker process compiles it, or with here=True this process does
-    (the uprobes), when the cache has no entry for it."""
+    (the uprobes, and what no worker takes), when the cache has no entry for it."""
     macros: tuple[str, ...]
     tracepoints: tuple[str, ...]
     here: bool = False
@@ -221,8 +221,12 @@ def split_for(plan: ProbePlan) -> tuple[tuple[Part, ...], str]:
             parts.append(Part(tuple(s.macro for s in specs), tuple(s.tracepoint for s in specs)))
     if not parts:
         return (), "1 process"
-    uprobes = tuple(s.macro for s in plan.enabled() if s.kind == "uprobe")
-    return tuple(parts) + ((Part(uprobes, (), here=True),) if uprobes else ()), ""
+    # What no worker takes is this process's part: the uprobes (bcc's own load), and on two CPUs
+    # requests.bpf.c's probes (the halves' balance). Cached too, so a cached start compiles maps only.
+    side = {m for p in parts for m in p.macros}
+    rest = [s for s in plan.enabled() if s.macro not in side]
+    here = Part(tuple(s.macro for s in rest), tuple(s.tracepoint for s in rest if s.kind != "uprobe"), here=True)
+    return tuple(parts) + ((here,) if rest else ()), ""
 
 
 def _read_limit(path: str) -> int | None:
@@ -344,8 +348,8 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
         for j in jobs:
             if j.worker:
                 j.reply = j.worker.reply(deadline)
-            elif not j.cached:  # compiled here just now: its uprobe programs, for the cache
-                j.reply = compile_worker.reply_of(bpf.module, kprobes)
+            elif not j.cached:  # compiled here just now (what no cached or worker part gave): for the cache
+                j.reply = compile_worker.reply_of(bpf.module)
             funcs = _rebound(bpf, j.reply)
             mine = {n: i for n, i in funcs.items() if not _compiled_here(bpf, n)}
             adopted.update(mine)

@@ -105,11 +105,13 @@ def test_workers_take_tracepoint_probes_of_their_sources_and_this_process_the_up
         assert {by_macro[m].program for m in p.macros} <= set(group)
         assert p.tracepoints == tuple(by_macro[m].tracepoint for m in p.macros)
     assert all(by_macro[m].kind != "uprobe" for m in side)
-    # the uprobes are a part of their own, compiled here unless cached
-    assert set(here.macros) == {m for m, s in by_macro.items() if s.kind == "uprobe"} and here.tracepoints == ()
-    # what else stays here: on two CPUs requests.bpf.c (the halves' balance)
-    rest = {by_macro[m].program for m in set(by_macro) - side - set(here.macros)}
-    assert rest == ({"requests.bpf.c"} if workers == 1 else set())
+    # this process's part, compiled here unless cached: the uprobes and what no worker takes, which on
+    # two CPUs is requests.bpf.c (the halves' balance); every enabled probe is in exactly one part
+    assert set(here.macros) == set(by_macro) - side
+    assert {by_macro[m].program for m in here.macros if by_macro[m].kind != "uprobe"} == (
+        {"requests.bpf.c"} if workers == 1 else set())
+    assert {m for m, s in by_macro.items() if s.kind == "uprobe"} <= set(here.macros)
+    assert here.tracepoints == tuple(by_macro[m].tracepoint for m in here.macros if by_macro[m].kind != "uprobe")
 
 
 def test_every_uprobe_program_is_known_as_kprobe_type_and_nothing_else():
@@ -277,7 +279,7 @@ def check_adopted(got, plan) -> None:
 
 
 def _entries(cache) -> tuple[list, list]:
-    """The cache's entries: (the workers' parts', the uprobe part's), each sorted by name."""
+    """The cache's entries: (the workers' parts', this process's (uprobes) part's), each sorted by name."""
     kprobes = loader.kprobe_programs(loader.unit_source())
     entries = sorted(cache.glob("*.json"))
     here = [e for e in entries if set(json.loads(e.read_text())["reply"]["funcs"]) <= kprobes]
@@ -301,6 +303,35 @@ def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path, cpus):
         assert not marker.exists(), "the worker ran a module from the agent's working directory"
         assert got.processes == f"{cpus} processes"
         check_adopted(got, plan)
+    finally:
+        got.bpf.cleanup()
+
+
+@pytest.mark.bpf
+def test_on_two_cpus_this_processs_part_is_cached_too(monkeypatch, tmp_path):
+    """On two CPUs this process compiles requests.bpf.c's probes beside the one worker: they are in its
+    part with the uprobes, cached too, so that a cached start compiles the maps alone and adopts every
+    program (on this process's maps, the probes attached as in one process)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
+    cache = tmp_path / "cache"
+    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    got.bpf.cleanup()
+    assert got.processes == "2 processes", got.processes
+    mine = {s.fn_name for s in plan.enabled() if s.program == "requests.bpf.c" and s.kind in probes.TRACEPOINT_KINDS}
+    kprobes = loader.kprobe_programs(loader.unit_source())
+    parts = [set(json.loads(e.read_text())["reply"]["funcs"]) for e in cache.glob("*.json")]
+    assert mine and len(parts) == 2 and mine | kprobes in parts, parts
+
+    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    try:
+        assert got.processes == "1 process, 2 parts from the compile cache", got.processes
+        check_adopted(got, plan)
+        assert {n.decode() for n in got.bpf.adopted} >= mine | kprobes
+        assert not any(loader._compiled_here(got.bpf, n.encode()) for n in mine | kprobes)
+        single, plan1 = _load(monkeypatch, "0")
+        single.bpf.cleanup()
+        assert {n: st.state for n, st in plan.statuses.items()} == {n: st.state for n, st in plan1.statuses.items()}
     finally:
         got.bpf.cleanup()
 
