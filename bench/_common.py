@@ -428,6 +428,26 @@ def notify_socket(tag: str):
     return NotifySocket(f"@mcp-bench-{tag}-{os.getpid()}-{time.monotonic_ns()}")
 
 
+def probe_fds(pid: int) -> tuple[int, int] | None:
+    """(BPF link fds, perf-event fds) the process holds now; None once it is gone. Each attached probe
+    holds one (a tracepoint or uprobe_multi link, or a perf event), so their sum reaching the count
+    the agent keeps is when every probe is attached."""
+    d = f"/proc/{pid}/fd"
+    links = perf = 0
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return None
+    for fd in names:
+        try:
+            target = os.readlink(os.path.join(d, fd))
+        except OSError:  # closed meanwhile
+            continue
+        links += "bpf_link" in target
+        perf += "perf_event" in target
+    return links, perf
+
+
 def proc_mem_kb(pid: int | str = "self") -> dict[str, int]:
     """Rss, Pss and their anon / file split (kB) from /proc/PID/smaps_rollup."""
     out = {}

@@ -139,23 +139,14 @@ def one_run(kind: str, tmp: str, i: int) -> dict:
 
 
 def _poll_probe_fds(p: subprocess.Popen, out: list[tuple[int, int]]) -> None:
-    """(CLOCK_MONOTONIC ns, the agent's BPF link + perf-event fds) every 5 ms while it runs: each
-    attached probe holds one (a tracepoint or uprobe link, or a perf event), so the first sample at the
-    count it keeps is when every probe is attached (the issue's measure; READY=1 also waits for the
-    exporters and the control socket)."""
-    d = f"/proc/{p.pid}/fd"
+    """(CLOCK_MONOTONIC ns, the agent's BPF link + perf-event fds) every 5 ms while it runs: the first
+    sample at the count it keeps is when every probe is attached (the issue's measure; READY=1 also
+    waits for the exporters and the control socket)."""
     while p.poll() is None:
-        n = 0
-        try:
-            for fd in os.listdir(d):
-                try:
-                    target = os.readlink(os.path.join(d, fd))
-                except OSError:
-                    continue
-                n += "bpf_link" in target or "perf_event" in target
-        except OSError:
+        n = c.probe_fds(p.pid)
+        if n is None:
             return
-        out.append((time.monotonic_ns(), n))
+        out.append((time.monotonic_ns(), sum(n)))
         time.sleep(0.005)
 
 
