@@ -163,7 +163,7 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
     progress = _Progress(cfg.status_enabled)
     echo = lambda s: click.echo(s, err=True)
     echo(f"mcp-agent {__version__} on {os.uname().nodename}, kernel {os.uname().release}")
-    from .core import loader
+    from .core import imports_behind, loader
 
     # Until READY, the compile thread (cache reads, one bpf(2) load per program) and this one (importing
     # the pipeline) both run Python: a thread back from a C call waits up to the switch interval (5 ms
@@ -171,12 +171,11 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
     switch = sys.getswitchinterval()
     sys.setswitchinterval(START_SWITCH_INTERVAL_S)
     loader.compile_ahead_for(cfg, progress)  # LLVM in a thread while the pipeline below is imported
-    from . import exporters
-    from .core import imports_behind
+    try:  # from here until the load, fds 1 and 2 may be the compile's: restored before any traceback
+        from . import exporters
 
-    imports_behind.start(f"{__package__}.telemetry.otel", *exporters.modules_for(cfg),
-                         *(["pynvml"] if cfg.gpu_enabled else []))  # NVML's warm-up then only inits
-    try:
+        imports_behind.start(f"{__package__}.telemetry.otel", *exporters.modules_for(cfg),
+                             *(["pynvml"] if cfg.gpu_enabled else []))  # NVML's warm-up then only inits
         from .core.agent import StartError
         from .sdnotify import Notifier
 
@@ -211,6 +210,7 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
         finally:
             loader.drop_ahead()  # a start that failed before the load: fds 1 and 2 restored before printing
             sys.setswitchinterval(switch)
+            imports_behind.wait()  # done on success (Agent.start waited); on failure, before the error line
     except StartError as e:
         progress.clear()
         notifier.notify(f"STATUS=failed to start: {e}")

@@ -34,7 +34,8 @@ _LAZY = {
     "CountingSpanExporter": "counting", "ExportStats": "counting", "MultiSpanExporter": "counting",
     "JsonlMetricExporter": "jsonl", "JsonlSpanExporter": "jsonl", "JsonlWriter": "jsonl",
     "otlp_metric_exporter": "otlp", "otlp_span_exporter": "otlp",
-    "PrometheusReader": "prometheus", "PrometheusServer": "prometheus",
+    "PrometheusReader": "prometheus", "PrometheusServer": "prometheus", "ListenError": "prometheus",
+    "install_export_error_filters": "counting", "metrics_path": "files",
 }
 
 
@@ -49,11 +50,7 @@ def __getattr__(name: str):
 def modules_for(cfg) -> list[str]:
     """The modules from_config(cfg) imports (with them the SDK, protobuf, and grpc or requests for
     OTLP): what `mcp-agent run` imports in a thread while the BPF unit compiles (cli.py)."""
-    mods = [f"{__name__}.counting"]
-    for on, name in ((cfg.export_jsonl_path, "jsonl"), (cfg.export_console, "console"),
-                     (cfg.export_prometheus_listen, "prometheus")):
-        if on:
-            mods.append(f"{__name__}.{name}")
+    mods = [f"{__name__}.{m}" for m in ("counting", "files", "console", "jsonl", "otlp", "prometheus")]  # always
     if cfg.export_otlp_endpoint or _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
                                         "OTEL_EXPORTER_OTLP_ENDPOINT"):
         protocol = cfg.export_otlp_protocol or _env("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"

@@ -27,10 +27,15 @@ def start(*modules: str) -> None:
             except BaseException:  # noqa: BLE001 - reported by the import that follows in Agent.start
                 return
 
-    _thread = threading.Thread(target=run, name="mcp-import-behind", daemon=True)
-    _thread.start()
+    t = threading.Thread(target=run, name="mcp-import-behind", daemon=True)
+    try:
+        t.start()
+    except RuntimeError:  # no thread (TasksMax): Agent.start imports them, as without this module
+        return
+    _thread = t
 
 
 def wait() -> None:
+    """Also before a failed start exits: an import's warning must not follow the error line."""
     if _thread is not None:
         _thread.join()

@@ -43,6 +43,10 @@ def _bpf_class():
     class ManualAttachBPF(BPF):
         adopted: dict[bytes, bytes] = {}
 
+        def __init__(self, *args, **kwargs):
+            self.refused: dict[bytes, str] = {}  # name -> the kernel's refusal at the check (_load_all)
+            super().__init__(*args, **kwargs)
+
         # bcc attaches every tracepoint__* function while constructing, and one failure raises for
         # all; we attach one by one so that each probe gets its own status.
         def _trace_autoload(self):
@@ -55,6 +59,8 @@ def _bpf_class():
 
         def load_func(self, func_name, prog_type, device=None, attach_type=-1):
             func_name = func_name if isinstance(func_name, bytes) else func_name.encode()
+            if func_name in self.refused:  # checked once already: bcc would print its verifier log again
+                raise Exception(self.refused[func_name])
             insns = self.adopted.get(func_name)
             if insns is None or func_name in self.funcs:
                 return super().load_func(func_name, prog_type, device, attach_type)
@@ -342,6 +348,7 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
         _stop_all(workers)
         raise
     kprobes = kprobe_programs(text)
+    refused, writable = None, True
     try:
         deadline = time.monotonic() + WORKER_TIMEOUT_S
         adopted, checks = {}, []
@@ -361,15 +368,17 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
         # fails is not cached (its probe reports the verifier's error at attach, as in one process)
         for j, failed in zip(jobs, _load_parts(bpf, [(f, j.reply) for j, f in zip(jobs, checks)], kprobes)):
             if failed and j.cached:
+                refused = j
                 raise ValueError(f"{failed} from the compile cache")
-            if not j.cached and cache and j.key and not failed:
+            if not j.cached and cache and writable and j.key and not failed:
                 try:
                     compile_cache.put(cache, j.key, j.reply)
                 except compile_cache.CacheError as e:
-                    cache, note = None, f"; compile cache not written: {e}"
+                    writable, note = False, f"; compile cache not written: {e}"
     except (ValueError, KeyError, TypeError, AttributeError, subprocess.TimeoutExpired) as e:
         _stop_all(workers)
-        for j in jobs:  # a cached part may be the one that no longer fits: only those, where they came from
+        # the cached part the kernel refused; else any cached part may be the one that no longer fits
+        for j in [refused] if refused else jobs:
             if j.cached and cache:
                 compile_cache.drop(cache, j.key)
         bpf.cleanup()
@@ -401,6 +410,7 @@ def _load_all(bpf, funcs: dict[bytes, bytes], kprobes: set[str], reply: dict) ->
         try:
             bpf.load_func(name, type(bpf).TRACEPOINT)
         except Exception as e:  # noqa: BLE001 - bcc raises bare Exception with the kernel's reason
+            bpf.refused[name] = str(e)  # the attach reports this, without a second load
             return f"{name.decode()}: {e}"
     return ""
 
@@ -425,13 +435,16 @@ def _load_parts(bpf, parts: list[tuple[dict[bytes, bytes], dict]], kprobes: set[
         except RuntimeError:  # no thread (TasksMax): this one loads it after the others
             t = None
         threads.append(t)
-    if parts:
-        run(0)
-    for i, t in enumerate(threads, 1):
-        if t is None:
-            run(i)
-        else:
-            t.join()
+    try:
+        if parts:
+            run(0)
+        for i, t in enumerate(threads, 1):
+            if t is None:
+                run(i)
+    finally:  # ^C included: the caller frees the BPF object these threads load from
+        for t in threads:
+            if t is not None:
+                t.join()
     for x in out:
         if isinstance(x, BaseException):
             raise x
@@ -594,9 +607,13 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
     except LoadError:
         return  # load() reports it
     split = split_for(plan)
+    spawned: list[_Worker] = []
     try:  # the workers first: each imports bcc while this process does (~0.1-0.2 s on the GPU hosts)
-        spawned = [_Worker() for p in split[0] if not p.here]
+        for p in split[0]:
+            if not p.here:
+                spawned.append(_Worker())
     except OSError:
+        _stop_all(spawned)
         spawned = []  # _compile tries again, and compiles in one process if that fails too
     try:
         # bcc imported here, before the thread: imported in it, it would share the GIL with the
@@ -666,7 +683,10 @@ def load(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], No
             plan.mark(spec.name, MISSING, str(e), "check kernel headers (mcp-agent probes --dump shows the source and flags)")
         return []
     # beside the attaches, not before them: ~20 ms here, more on a GPU host, none of it needed to start
-    threading.Thread(target=release_compiler_memory, name="bpf-compile-release", daemon=True).start()
+    try:
+        threading.Thread(target=release_compiler_memory, name="bpf-compile-release", daemon=True).start()
+    except RuntimeError:  # no thread (TasksMax): released here
+        release_compiler_memory()
     for spec in enabled:
         if spec.kind not in TRACEPOINT_KINDS:
             continue

@@ -44,8 +44,11 @@ class GpuHealth:
         """Begin NVML's init (import pynvml, nvmlInit: most of start()'s ~0.1 s on the GPU hosts) in a
         thread, to overlap the BPF compile; start() then finds it done (Nvml.init holds a lock)."""
         if self.enabled:
-            threading.Thread(target=self.sampler.nvml.init, args=(True,), name="mcp-nvml-init",
-                             daemon=True).start()
+            try:
+                threading.Thread(target=self.sampler.nvml.init, args=(True,), name="mcp-nvml-init",
+                                 daemon=True).start()
+            except RuntimeError:  # no thread (TasksMax): start() inits it
+                pass
 
     def start(self, bpf_xid: bool = False) -> list[SourceStatus]:
         """bpf_xid: the gpu_xid BPF probe is attached; NVML's Xid events would count each Xid again."""

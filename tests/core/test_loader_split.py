@@ -308,6 +308,28 @@ def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path, cpus):
 
 
 @pytest.mark.bpf
+def test_a_program_the_kernel_refused_at_the_check_is_not_loaded_again(monkeypatch):
+    """_load_all checks each part's programs before the part is used or cached; a refusal is kept on
+    the BPF object and the attach's load_func raises it without a second load (bcc would print its
+    verifier log twice). The refusal is the kernel's: exit with r0 unset."""
+    from mcp_hostagent.core import bpfsys
+
+    cls = loader._bpf_class()
+    b = cls.__new__(cls)  # no compile: only the load path is under test
+    b.refused, b.funcs = {}, {}
+    b.adopt({b"mcp_refused": insn(0x95)}, b"GPL", 0)
+    loads = []
+    real = bpfsys.prog_load
+    monkeypatch.setattr(bpfsys, "prog_load", lambda *a, **k: loads.append(a) or real(*a, **k))
+    why = loader._load_all(b, {b"mcp_refused": insn(0x95)}, set(), {"license": "GPL", "kern_version": 0})
+    assert why.startswith("mcp_refused: ") and len(loads) == 1, (why, loads)
+    with pytest.raises(Exception) as e:
+        b.load_func(b"mcp_refused", cls.TRACEPOINT)
+    assert str(e.value) == b.refused[b"mcp_refused"] and len(loads) == 1
+    assert "EACCES" in str(e.value) or "EINVAL" in str(e.value), str(e.value)
+
+
+@pytest.mark.bpf
 def test_on_two_cpus_this_processs_part_is_cached_too(monkeypatch, tmp_path):
     """On two CPUs this process compiles requests.bpf.c's probes beside the one worker: they are in its
     part with the uprobes, cached too, so that a cached start compiles the maps alone and adopts every
@@ -399,6 +421,7 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
         got.bpf.cleanup()
         assert got.processes.startswith(f"1 process (a part from a worker or the cache: {name}: "), got.processes
         assert "from the compile cache)" in got.processes and not path.exists()
+        assert len(list(cache.glob("*.json"))) == 2  # the parts the kernel still took are kept
 
     cache.chmod(0o777)
     got, _ = _load(monkeypatch, "1", cache=str(cache))

@@ -436,10 +436,10 @@ imports_behind.start("mcp_hostagent.telemetry.otel", *mods)
 imports_behind.wait()
 missing = [m for m in mods if m not in sys.modules]
 assert not missing, missing
-before = {{m for m in sys.modules if m.startswith("opentelemetry.exporter")}}
+before = {{m for m in sys.modules if m.startswith(("opentelemetry.exporter", "mcp_hostagent.exporters"))}}
 ex = exporters.from_config(cfg)
 ex.close()
-after = {{m for m in sys.modules if m.startswith("opentelemetry.exporter")}}
+after = {{m for m in sys.modules if m.startswith(("opentelemetry.exporter", "mcp_hostagent.exporters"))}}
 assert after == before, sorted(after - before)
 print("ok", len(mods))
 """
