@@ -168,9 +168,10 @@ def _compile_quietly(text: str, cflags: list[str], progress: Callable[[str], Non
 # The tracepoint probes of these sources compile in worker processes (compile_worker.py) while this
 # one compiles the rest: LLVM is most of start-up and libbcc runs one compile per process. On two
 # CPUs one worker, and requests.bpf.c stays here (it balanced the halves); with more, two workers and
-# this process compiles the maps and the uprobes alone. The uprobe programs are a part too, compiled
-# here (they balance the halves) and kept in the compile cache (compile_cache.py) with the workers'
-# parts: a start whose parts are all cached compiles the maps alone. Measured: docs/PERFORMANCE.md.
+# this process compiles the maps and the uprobes alone. What this process compiles besides the maps
+# is a part too ("here": the uprobes, and requests.bpf.c on two CPUs), kept in the compile cache
+# (compile_cache.py) with the workers' parts: a start whose parts are all cached compiles the maps
+# alone. Measured: docs/PERFORMANCE.md.
 WORKER_GROUPS = {
     1: (("http.bpf.c", "reclaim.bpf.c", "cuda.bpf.c", "health.bpf.c"),),
     2: (("requests.bpf.c", "reclaim.bpf.c"), ("http.bpf.c", "cuda.bpf.c", "health.bpf.c")),
