@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import IO, Callable
-
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Callable
 
 from ..redact import redact_url
 
