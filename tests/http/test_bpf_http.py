@@ -109,7 +109,22 @@ def agent(server):
 
 
 def exec_ns(path: str) -> int:
-    """sum_exec_runtime: the first field of /proc/PID/task/TID/schedstat (CONFIG_SCHED_INFO)."""
+    """sum_exec_runtime: the first field of /proc/PID/task/TID/schedstat (CONFIG_SCHED_INFO), read once
+    the thread is off the CPU. The file reads se.sum_exec_runtime as it stands, and for a running task
+    that lags until the next update_curr (a tick, or its switch): a CI run read 39,649 ns for a request
+    the thread served in 2.04 ms without a switch. Blocked (state S or D), its dequeue has updated it;
+    the state is set just before schedule(), so the read waits 1 ms more for that switch."""
+    stat = os.path.join(os.path.dirname(path), "stat")
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        try:
+            with open(stat) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("S", "D"):
+                    time.sleep(0.001)
+                    break
+        except OSError:
+            break
+        time.sleep(0.001)
     try:
         return int(open(path).read().split()[0])
     except (OSError, IndexError):
