@@ -28,10 +28,15 @@ TP = "00-{trace:032x}-{span:016x}-01"
 PAGES = 400
 
 
+def stat_fields(path: str) -> list[str]:
+    """A /proc stat file's fields after the command name (from field 3, the state, on)."""
+    with open(path) as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def faults(path: str) -> int:
     """minflt + majflt of a /proc stat file (fields 10 and 12): what exceptions:page_fault_user counts."""
-    with open(path) as f:
-        x = f.read().rsplit(")", 1)[1].split()
+    x = stat_fields(path)
     return int(x[7]) + int(x[9])
 
 
@@ -118,10 +123,9 @@ def exec_ns(path: str) -> int:
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         try:
-            with open(stat) as f:
-                if f.read().rsplit(")", 1)[1].split()[0] in ("S", "D"):
-                    time.sleep(0.001)
-                    break
+            if stat_fields(stat)[0] in ("S", "D"):
+                time.sleep(0.001)
+                break
         except OSError:
             break
         time.sleep(0.001)
