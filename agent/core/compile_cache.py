@@ -1,5 +1,7 @@
 """The compile workers' replies, kept on disk: a later start with the same unit, flags, bcc, kernel,
-header tree and tracepoint formats loads them instead of running LLVM again for that part.
+header tree and tracepoint formats loads them instead of running LLVM again for that part. The maps'
+description (core/mapset.py) is an entry too, keyed by the flags without the probe macros and the
+possible CPUs: with it, a start whose parts are all cached runs no compile.
 
 A reply is what core/compile_worker.py prints: programs' instructions naming the worker's map fds by
 table name, rewritten to the agent's maps at each load (loader._rebind_maps), so it holds no fd or
@@ -31,7 +33,7 @@ from .kernel import DEBUGFS, TRACEFS
 
 ENV = "MCP_HOSTAGENT_COMPILE_CACHE"  # a directory, or "off"
 DEFAULT_DIR = "/var/cache/mcp-hostagent/bpf"
-MAX_ENTRIES = 16  # one per part (3 at most: two workers' and the uprobes) per unit version and kernel; older dropped
+MAX_ENTRIES = 16  # one per part (3 at most: two workers' and the uprobes) and the maps' per unit version and kernel; older dropped
 TRACEFS_ROOTS = (TRACEFS, f"{DEBUGFS}/tracing")  # where bcc reads formats
 
 
@@ -109,9 +111,10 @@ def _headers(cflags: list[str]) -> dict[str, str]:
     return out
 
 
-def key(text: str, cflags: list[str], tracepoints: list[str]) -> str:
-    """The hex digest naming a part's reply: everything its compile reads (the module docstring).
-    OSError: a file it must read cannot be."""
+def key(text: str, cflags: list[str], tracepoints: list[str], extra: dict | None = None) -> str:
+    """The hex digest naming a part's reply: everything its compile reads (the module docstring),
+    and extra (the maps' description: its format and the possible CPUs). OSError: a file it must
+    read cannot be."""
     import bcc
 
     uname = os.uname()
@@ -124,6 +127,7 @@ def key(text: str, cflags: list[str], tracepoints: list[str]) -> str:
         "kernel": [uname.release, uname.version, uname.machine, sys.byteorder],
         "headers": [_stat_id(tree), _stat_id(os.path.join(tree, "include", "generated", "autoconf.h"))],
         "formats": {tp: _format(tp) for tp in sorted(set(tracepoints))},
+        **({"extra": extra} if extra else {}),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 

@@ -7,6 +7,7 @@ harmless; they are captured and shown only when compilation fails.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import ctypes
 import json
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import bpfsys, compile_cache, compile_worker
+from . import bpfsys, compile_cache, compile_worker, mapset
 from .probes import ATTACHED, MISSING, TRACEPOINT_KINDS, ProbePlan
 from .records import bpf_source_dir
 
@@ -42,10 +43,46 @@ def _bpf_class():
 
     class ManualAttachBPF(BPF):
         adopted: dict[bytes, bytes] = {}
+        made: dict[str, tuple[int, dict]] = {}  # table name -> (fd, description): a unit made without a compile
 
         def __init__(self, *args, **kwargs):
             self.refused: dict[bytes, str] = {}  # name -> the kernel's refusal at the check (_load_all)
             super().__init__(*args, **kwargs)
+
+        @classmethod
+        def from_maps(cls, desc: list) -> ManualAttachBPF:
+            """A unit with no module: its maps made from the description (core/mapset.py), its programs
+            all adopted. mapset.MapSetError if the maps cannot be made."""
+            self = cls.__new__(cls)
+            self.refused = {}
+            # BPF.__init__'s state before its compile (bcc 0.26; tests/core/test_mapset.py holds a made
+            # unit's attributes to a compiled one's): what attach, detach and cleanup read
+            for a in ("kprobe_fds", "uprobe_fds", "tracepoint_fds", "raw_tracepoint_fds", "kfunc_entry_fds",
+                      "kfunc_exit_fds", "lsm_fds", "perf_buffers", "open_perf_events", "funcs", "tables"):
+                setattr(self, a, {})
+            self._ringbuf_manager = self.tracefile = self.module = None
+            self.debug = 0
+            self.made = mapset.make(desc)
+            atexit.register(self.cleanup)
+            return self
+
+        def table_fd(self, name: str) -> int:
+            if self.module is None:
+                return self.made[name][0] if name in self.made else -1
+            from bcc import libbcc
+
+            return libbcc.lib.bpf_table_fd(self.module, name.encode())
+
+        def get_table(self, name, keytype=None, leaftype=None, reducer=None):
+            key = name.decode() if isinstance(name, bytes) else name
+            if self.module is not None or key not in self.made:
+                return super().get_table(name, keytype, leaftype, reducer)
+            fd, m = self.made[key]
+            return mapset.table(self, m, fd, keytype, leaftype, reducer)
+
+        def cleanup(self):
+            super().cleanup()
+            mapset.close(self.made)
 
         # bcc attaches every tracepoint__* function while constructing, and one failure raises for
         # all; we attach one by one so that each probe gets its own status.
@@ -170,8 +207,8 @@ def _compile_quietly(text: str, cflags: list[str], progress: Callable[[str], Non
 # CPUs one worker, and requests.bpf.c stays here (it balanced the halves); with more, two workers and
 # this process compiles the maps and the uprobes alone. What this process compiles besides the maps
 # is a part too ("here": the uprobes, and requests.bpf.c on two CPUs), kept in the compile cache
-# (compile_cache.py) with the workers' parts: a start whose parts are all cached compiles the maps
-# alone. Measured: docs/PERFORMANCE.md.
+# (compile_cache.py) with the workers' parts, and so is the maps' description: a start whose parts
+# are all cached makes the maps from it (mapset.py) and compiles nothing. Measured: docs/PERFORMANCE.md.
 WORKER_GROUPS = {
     1: (("http.bpf.c", "reclaim.bpf.c", "cuda.bpf.c", "health.bpf.c"),),
     2: (("requests.bpf.c", "reclaim.bpf.c"), ("http.bpf.c", "cuda.bpf.c", "health.bpf.c")),
@@ -343,11 +380,26 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
     _stop_all(spare)  # started ahead for a part the cache holds
     workers = [j.worker for j in jobs if j.worker]
     given = {f"-D{m}=1" for j in jobs if j.cached or j.worker for m in j.part.macros}
-    try:
-        bpf, _ = _compile_quietly(text, [f for f in cflags if f not in given], progress)
-    except BaseException:
-        _stop_all(workers)
-        raise
+    maps_key, bpf = None, None
+    if cache:  # every part cached: the maps made from their description, if it is there (core/mapset.py)
+        try:
+            maps_key = compile_cache.key(text, [f for f in cflags if not f.startswith("-DMCP_PROBE_")], [],
+                                         {"maps": [mapset.FORMAT, mapset.possible_cpus()]})
+            desc = compile_cache.get(cache, maps_key) if all(j.cached for j in jobs) else None
+            if desc is not None:
+                bpf = _bpf_class().from_maps(desc.get("maps"))
+        except (compile_cache.CacheError, OSError, ValueError) as e:
+            maps_key, cache, note = None, None, f"; compile cache not used: {e}"
+        except mapset.MapSetError as e:
+            compile_cache.drop(cache, maps_key)
+            note = f"; maps compiled ({e})"
+    made = bpf is not None
+    if not made:
+        try:
+            bpf, _ = _compile_quietly(text, [f for f in cflags if f not in given], progress)
+        except BaseException:
+            _stop_all(workers)
+            raise
     kprobes = kprobe_programs(text)
     refused, writable = None, True
     try:
@@ -359,7 +411,8 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
             elif not j.cached:  # compiled here just now (what no cached or worker part gave): for the cache
                 j.reply = compile_worker.reply_of(bpf.module)
             funcs = _rebound(bpf, j.reply)
-            mine = {n: i for n, i in funcs.items() if not _compiled_here(bpf, n)}
+            # a program no probe macro guards is in every part (a test's -D adds one): checked once
+            mine = {n: i for n, i in funcs.items() if not _compiled_here(bpf, n) and n not in adopted}
             adopted.update(mine)
             checks.append(funcs if not (j.cached or j.worker) else mine)
         first = jobs[0].reply
@@ -376,12 +429,19 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
                     compile_cache.put(cache, j.key, j.reply)
                 except compile_cache.CacheError as e:
                     writable, note = False, f"; compile cache not written: {e}"
+        if not made and maps_key and writable and compile_cache.get(cache, maps_key) is None:
+            try:  # the maps' description, for the next start whose parts are all cached
+                compile_cache.put(cache, maps_key, {"maps": mapset.describe(bpf.module)})
+            except (compile_cache.CacheError, mapset.MapSetError, OSError) as e:
+                note += f"; maps not described for the compile cache: {e}"
     except (ValueError, KeyError, TypeError, AttributeError, subprocess.TimeoutExpired) as e:
         _stop_all(workers)
         # the cached part the kernel refused; else any cached part may be the one that no longer fits
         for j in [refused] if refused else jobs:
             if j.cached and cache:
                 compile_cache.drop(cache, j.key)
+        if made:
+            compile_cache.drop(cache, maps_key)
         bpf.cleanup()
         bpf, _ = _compile_quietly(text, cflags, progress)
         return bpf, time.monotonic() - t0, f"1 process (a part from a worker or the cache: {e})"
@@ -392,7 +452,7 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
     n, cached = 1 + len(workers), sum(j.cached for j in jobs)
     how = f"{n} process{'es' if n > 1 else ''}"
     if cached:
-        how += f", {cached} part{'s' if cached > 1 else ''} from the compile cache"
+        how += f", {cached} part{'s' if cached > 1 else ''}{' and the maps' if made else ''} from the compile cache"
     return bpf, time.monotonic() - t0, how + note
 
 
@@ -516,6 +576,8 @@ class _Worker:
 
 def _compiled_here(bpf, name: bytes) -> bool:
     """bpf's own compile has the function (one no probe macro guards, such as a test's -D adds)."""
+    if bpf.module is None:  # made from the cache: every program is a part's
+        return False
     from bcc import libbcc
 
     return bool(libbcc.lib.bpf_function_start(bpf.module, name))
@@ -523,13 +585,10 @@ def _compiled_here(bpf, name: bytes) -> bool:
 
 def _rebound(bpf, reply: dict) -> dict[bytes, bytes]:
     """A part's programs, their map references rewritten to bpf's maps."""
-    from bcc import libbcc
-
-    fd_of = lambda table: libbcc.lib.bpf_table_fd(bpf.module, table.encode())  # noqa: E731
     funcs = {}
     for name, b64 in reply["funcs"].items():
         insns = bytearray(base64.b64decode(b64))
-        _rebind_maps(name, insns, reply["maps"], fd_of)
+        _rebind_maps(name, insns, reply["maps"], bpf.table_fd)
         funcs[name.encode()] = bytes(insns)
     return funcs
 

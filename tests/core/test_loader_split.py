@@ -265,7 +265,8 @@ def check_adopted(got, plan) -> None:
 
     b = got.bpf
     assert b.adopted, "no program came from a worker"
-    ours = {map_id(fd) for fd in compile_worker.tables(b.module)}
+    fds = compile_worker.tables(b.module) if b.module else [fd for fd, _ in b.made.values()]  # made: core/mapset.py
+    ours = {map_id(fd) for fd in fds}
     apart = [s for s in plan.enabled() if s.macro in _macros(p for p in loader.split_for(plan)[0] if not p.here)
              and s.kind in probes.TRACEPOINT_KINDS]
     assert apart and set(b.adopted) >= {s.fn_name.encode() for s in apart}
@@ -279,9 +280,9 @@ def check_adopted(got, plan) -> None:
 
 
 def _entries(cache) -> tuple[list, list]:
-    """The cache's entries: (the workers' parts', this process's (uprobes) part's), each sorted by name."""
+    """The cache's part entries: (the workers' parts', this process's (uprobes) part's), each sorted by name."""
     kprobes = loader.kprobe_programs(loader.unit_source())
-    entries = sorted(cache.glob("*.json"))
+    entries = sorted(e for e in cache.glob("*.json") if "funcs" in json.loads(e.read_text())["reply"])
     here = [e for e in entries if set(json.loads(e.read_text())["reply"]["funcs"]) <= kprobes]
     return [e for e in entries if e not in here], here
 
@@ -342,12 +343,13 @@ def test_on_two_cpus_this_processs_part_is_cached_too(monkeypatch, tmp_path):
     assert got.processes == "2 processes", got.processes
     mine = {s.fn_name for s in plan.enabled() if s.program == "requests.bpf.c" and s.kind in probes.TRACEPOINT_KINDS}
     kprobes = loader.kprobe_programs(loader.unit_source())
-    parts = [set(json.loads(e.read_text())["reply"]["funcs"]) for e in cache.glob("*.json")]
+    theirs, here = _entries(cache)
+    parts = [set(json.loads(e.read_text())["reply"]["funcs"]) for e in theirs + here]
     assert mine and len(parts) == 2 and mine | kprobes in parts, parts
 
     got, plan = _load(monkeypatch, "1", cache=str(cache))
     try:
-        assert got.processes == "1 process, 2 parts from the compile cache", got.processes
+        assert got.processes == "1 process, 2 parts and the maps from the compile cache", got.processes
         check_adopted(got, plan)
         assert {n.decode() for n in got.bpf.adopted} >= mine | kprobes
         assert not any(loader._compiled_here(got.bpf, n.encode()) for n in mine | kprobes)
@@ -374,13 +376,14 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
     got.bpf.cleanup()
     assert got.processes == "3 processes"
     theirs, here = _entries(cache)
-    assert len(theirs) == 2 and len(here) == 1 and oct(cache.stat().st_mode & 0o777) == "0o700"
-    assert all(oct(e.stat().st_mode & 0o777) == "0o600" for e in theirs + here)
+    maps = [e for e in cache.glob("*.json") if e not in theirs + here]
+    assert len(theirs) == 2 and len(here) == 1 and len(maps) == 1 and oct(cache.stat().st_mode & 0o777) == "0o700"
+    assert all(oct(e.stat().st_mode & 0o777) == "0o600" for e in theirs + here + maps)
     assert set(json.loads(here[0].read_text())["reply"]["funcs"]) == set(compiled_uprobes) == kprobes
 
     got, plan = _load(monkeypatch, "1", cache=str(cache))
     try:
-        assert got.processes == "1 process, 3 parts from the compile cache", got.processes
+        assert got.processes == "1 process, 3 parts and the maps from the compile cache", got.processes
         check_adopted(got, plan)
         assert {n.decode() for n in got.bpf.adopted} >= kprobes
         assert not any(loader._compiled_here(got.bpf, n.encode()) for n in kprobes)
@@ -421,7 +424,7 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
         got.bpf.cleanup()
         assert got.processes.startswith(f"1 process (a part from a worker or the cache: {name}: "), got.processes
         assert "from the compile cache)" in got.processes and not path.exists()
-        assert len(list(cache.glob("*.json"))) == 2  # the parts the kernel still took are kept
+        assert len(list(cache.glob("*.json"))) == 2  # the parts the kernel still took (the maps' entry went too)
 
     cache.chmod(0o777)
     got, _ = _load(monkeypatch, "1", cache=str(cache))

@@ -228,7 +228,7 @@ def test_uprobe_programs_from_the_compile_cache_count_every_call(monkeypatch, tm
     got = load()
     d = None
     try:
-        assert got.processes == "1 process, 2 parts from the compile cache", got.processes
+        assert got.processes == "1 process, 2 parts and the maps from the compile cache", got.processes
         assert b"cu_launch" in got.bpf.adopted and not loader._compiled_here(got.bpf, b"cu_launch")
         up = uprobes.attacher_for(got.bpf, mode)
         addr = BPF._check_path_symbol(build.lib.encode(), b"cuLaunchKernel", None, -1)[1]
