@@ -179,9 +179,9 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
         from .core.agent import StartError
         from .sdnotify import Notifier
 
-        if cfg.nic_enabled:
+        if cfg.nic_enabled and loader.compiling():
             try:  # the NIC watch imports it as it starts, after the load: here it overlaps the compile
-                importlib.import_module("pyroute2")
+                importlib.import_module("pyroute2")  # (~0.14 s here: on the attach's path when none runs)
             except ImportError:
                 pass  # the NIC watch reports it
     except BaseException:  # Ctrl-C, a broken install: fds 1 and 2 restored before the traceback
