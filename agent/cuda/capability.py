@@ -55,7 +55,7 @@ from . import governor as gov
 from . import ioctl, libtrust, steps, uprobes
 from . import telemetry as cuda_telemetry
 from .calibrate import Calibration, calibrate, calibrate_standin
-from .finder import (CAP_REASON, MAX_REFUSED_KEPT, RESCAN_BUDGET_S, RESCAN_PASS_S, Library, Mapping,
+from .finder import (CAP_REASON, MAX_REFUSED_KEPT, RESCAN_BUDGET_S, RESCAN_PASS_S, START_ROUND_S, Library, Mapping,
                      close_library, libcuda_mappings, pin, resolve)
 from .ioctl import TRACEFS, syscall_layout_ok
 from .symbols import (DUTY_PROBE, LAUNCH_CFG, LAUNCH_FIELDS, SYMBOLS, UPROBE_ROWS, WAITING_DETAIL, SymState,
@@ -241,7 +241,7 @@ class CudaProbes:
                     and not self.paused):
                 self._calibrate(next(iter(self.libs.values())))
             if now >= self._next["rescan"]:
-                if self.rescan():
+                if self.rescan(until=now + START_ROUND_S if self._starting else None):
                     self._sweep_exited(now)
                     self._next["rescan"] = now + self.rescan_s
                 else:  # a round cut by its budget goes on soon, at a bounded share of a core
@@ -343,13 +343,14 @@ class CudaProbes:
                     out.append(lib_)
         return out
 
-    def rescan(self, full: bool = False) -> bool:
+    def rescan(self, full: bool = False, until: float | None = None) -> bool:
         """One pass of the walk over every process's maps (procscan.Walker: RESCAN_BUDGET_S of wall time,
-        resumed at the next pass; full: passes until the round ends): new libraries attached, and at the
-        end of a round, libraries that no process mapped during it detached. True when a round ended."""
+        resumed at the next pass; full: passes until the round ends; until: passes until then, or the
+        round's end): new libraries attached, and at the end of a round, libraries that no process
+        mapped during it detached. True when a round ended."""
         while True:
             done = self._walker.walk(self._rescan_visit)
-            if done or not full or self._stop.is_set():
+            if done or self._stop.is_set() or not (full or (until is not None and time.monotonic() < until)):
                 break
         if done:
             seen, self._seen = self._seen, {}

@@ -539,3 +539,28 @@ def test_governor_recalibrates_and_weighs_by_the_highest_recent_cost(gpu, build,
     assert all(100 < c < 1e6 for c in gpu.cp.costs), gpu.cp.costs
     assert gpu.cp.calibration.cost_ns == max(gpu.cp.costs) == gov.charged_cost(gpu.cp.costs)
     assert gpu.cp._next_calibration > time.monotonic() + gov.RECALIBRATE_S / 2
+
+
+@pytest.mark.parametrize("start_round", [True, False])
+def test_a_cuda_process_running_before_the_agent_is_armed_when_start_returns(monkeypatch, build, drivers, start_round):
+    """The finder's walk over /proc is budgeted per pass (finder.RESCAN_BUDGET_S; here one pid per pass);
+    at start its first round runs pass after pass for up to START_ROUND_S, so a library mapped before
+    the agent started has its uprobes when Agent.start returns (READY=1), not a pass or more later.
+    Without the start round (START_ROUND_S = 0) the same start leaves it unfollowed: the check can fail."""
+    from mcp_hostagent.cuda import capability as cuda
+
+    d = drivers()
+    pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    assert len(pids) > 10 and d.pid != pids[0], "one pass would reach the driver's pid anyway"
+    monkeypatch.setattr(cuda, "RESCAN_BUDGET_S", 0.0)  # a pass visits one pid
+    if not start_round:
+        monkeypatch.setattr(cuda, "START_ROUND_S", 0.0)
+    ra = RunningAgent({"process.watch": "gpu"})
+    try:
+        libs = ra.agent.cuda.libraries()  # read at once: the finder's thread has had no pass of its own yet
+        ino = os.stat(build.lib).st_ino
+        armed = [lib for key, lib in libs.items() if key[2] == ino
+                 and any(st.state == "attached" for st in lib.syms.values())]
+        assert bool(armed) == start_round, [(lib.shown, lib.pids) for lib in libs.values()]
+    finally:
+        ra.close()
