@@ -7,7 +7,6 @@ in packaging/config.example.toml. A bad setting exits 2 with one line and attach
 from __future__ import annotations
 
 import logging
-import importlib
 import os
 import signal
 import sys
@@ -173,17 +172,14 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
     loader.compile_ahead_for(cfg, progress)  # LLVM in a thread while the pipeline below is imported
     try:  # from here until the load, fds 1 and 2 may be the compile's: restored before any traceback
         from . import exporters
-
-        imports_behind.start(f"{__package__}.telemetry.otel", *exporters.modules_for(cfg),
-                             *(["pynvml"] if cfg.gpu_enabled else []))  # NVML's warm-up then only inits
         from .core.agent import StartError
         from .sdnotify import Notifier
 
-        if cfg.nic_enabled and loader.compiling():
-            try:  # the NIC watch imports it as it starts, after the load: here it overlaps the compile
-                importlib.import_module("pyroute2")  # (~0.14 s here: on the attach's path when none runs)
-            except ImportError:
-                pass  # the NIC watch reports it
+        # after the pipeline's own import, which the attach needs: begun before it, they shared the GIL
+        # with it and doubled its time on a start whose compile is short (the H100 host: 0.46 s, alone 0.25)
+        # pynvml: NVML's warm-up then only inits; pyroute2: the NIC watch's, which imports it after the load
+        imports_behind.start(f"{__package__}.telemetry.otel", *exporters.modules_for(cfg),
+                             *(["pynvml"] if cfg.gpu_enabled else []), *(["pyroute2"] if cfg.nic_enabled else []))
     except BaseException:  # Ctrl-C, a broken install: fds 1 and 2 restored before the traceback
         loader.drop_ahead()
         raise

@@ -2,10 +2,12 @@
 
 The OpenTelemetry SDK, protobuf and the exporters (~0.5 s of a GPU host's start under the compile's
 load) are first used after the probes are attached (Agent.start); pynvml by NVML's warm-up thread,
-which otherwise imports it while the load is being finished. `mcp-agent run` starts their import
-here, before the compile, so that it overlaps the compile instead of delaying the attach; Agent.start
-waits for it before importing them itself (pynvml, a leaf, may be imported by both: its module lock
-makes one thread wait for the other).
+which otherwise imports it while the load is being finished; pyroute2 by the NIC watch, after the
+load. `mcp-agent run` starts their import here, once its own import of the pipeline (which the attach
+needs) is done: begun before it, the two shared the GIL and the pipeline's took twice as long where
+the compile is short (a start from the compile cache). They overlap the compile, or the load and
+attach, which spend their time in syscalls. Agent.start waits for them before importing them itself
+(pynvml, a leaf, may be imported by both: its module lock makes one thread wait for the other).
 """
 
 from __future__ import annotations

@@ -698,13 +698,6 @@ def compile_ahead_for(cfg, progress: Callable[[str], None] | None = None) -> Non
     compile_ahead(probes.plan(cfg.probes_disable, off=probes.switched_off(cfg)), bpf_settings(cfg), progress)
 
 
-def compiling() -> bool:
-    """A compile begun ahead is still running: what the caller does meanwhile costs the start nothing
-    (a start whose parts and maps are all cached is done in ~0.1-0.4 s)."""
-    job = _ahead
-    return job is not None and job.thread.is_alive()
-
-
 def _take_ahead(key: tuple):
     """The compile begun ahead for key (bpf, seconds, how), raising its LoadError; None if there is none
     (one begun for another key is waited for and freed)."""
