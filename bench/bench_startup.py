@@ -160,7 +160,9 @@ def kept(fds: list[tuple[int, int]], tail_ns: int = 250_000_000) -> int:
     """The probe fds the agent keeps once started: the fewest in the last 0.25 s before SIGTERM. Not the
     most ever held: the launch probe's calibration (cuda/calibrate.py, in the finder once start-up is
     done, where a libcuda is followed) attaches and detaches a probe of its own on the agent's stand-in
-    library, round after round; counted, it made "all attached" the moment of its first round."""
+    library, round after round; counted, it made "all attached" the moment of its first round. (Where
+    the governor duty-cycles launch probes, weight > 1 under launch load, the fewest is the cycle's
+    off phase: the bench's CUDA process is idle, so the weight stays 1.)"""
     if not fds:
         return 0
     return min(n for t, n in fds if t >= fds[-1][0] - tail_ns)

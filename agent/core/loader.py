@@ -81,8 +81,10 @@ def _bpf_class():
             return mapset.table(self, m, fd, keytype, leaftype, reducer)
 
         def cleanup(self):
-            super().cleanup()
-            mapset.close(self.made)
+            try:
+                super().cleanup()
+            finally:  # after the ring buffers' manager is freed (it maps them)
+                mapset.close(self.made)
 
         # bcc attaches every tracepoint__* function while constructing, and one failure raises for
         # all; we attach one by one so that each probe gets its own status.
@@ -380,19 +382,19 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
     _stop_all(spare)  # started ahead for a part the cache holds
     workers = [j.worker for j in jobs if j.worker]
     given = {f"-D{m}=1" for j in jobs if j.cached or j.worker for m in j.part.macros}
-    maps_key, bpf = None, None
+    maps_key, desc, bpf = None, None, None
     if cache:  # every part cached: the maps made from their description, if it is there (core/mapset.py)
         try:
             maps_key = compile_cache.key(text, [f for f in cflags if not f.startswith("-DMCP_PROBE_")], [],
                                          {"maps": [mapset.FORMAT, mapset.possible_cpus()]})
-            desc = compile_cache.get(cache, maps_key) if all(j.cached for j in jobs) else None
-            if desc is not None:
+            desc = compile_cache.get(cache, maps_key)
+            if desc is not None and all(j.cached for j in jobs):
                 bpf = _bpf_class().from_maps(desc.get("maps"))
         except (compile_cache.CacheError, OSError, ValueError) as e:
             maps_key, cache, note = None, None, f"; compile cache not used: {e}"
         except mapset.MapSetError as e:
             compile_cache.drop(cache, maps_key)
-            note = f"; maps compiled ({e})"
+            desc, note = None, f"; maps compiled ({e})"
     made = bpf is not None
     if not made:
         try:
@@ -429,7 +431,7 @@ def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], 
                     compile_cache.put(cache, j.key, j.reply)
                 except compile_cache.CacheError as e:
                     writable, note = False, f"; compile cache not written: {e}"
-        if not made and maps_key and writable and compile_cache.get(cache, maps_key) is None:
+        if not made and maps_key and writable and desc is None:
             try:  # the maps' description, for the next start whose parts are all cached
                 compile_cache.put(cache, maps_key, {"maps": mapset.describe(bpf.module)})
             except (compile_cache.CacheError, mapset.MapSetError, OSError) as e:

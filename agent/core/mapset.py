@@ -74,9 +74,12 @@ def make(desc: list) -> dict[str, tuple[int, dict]]:
     try:
         for m in desc:
             if (not isinstance(m, dict) or not isinstance(m.get("name"), str) or m.get("type") not in MADE_TYPES
-                    or m.get("bcc_type") not in MADE_TYPES or not isinstance(m.get("bcc_id"), int)
+                    or m.get("bcc_type") not in MADE_TYPES
+                    or not all(isinstance(m.get(k), int) for k in ("bcc_id", "bcc_flags", "bcc_max_entries"))
                     or not all(isinstance(m.get(k), str) for k in ("key_desc", "leaf_desc"))):
                 raise MapSetError(f"a table description the agent does not make: {str(m)[:80]}")
+            if m["name"] in made:
+                raise MapSetError(f"table {m['name']} described twice")
             vals = [m.get(f) for f in FIELDS]
             if not all(isinstance(v, int) and 0 <= v < 1 << 32 for v in vals):
                 raise MapSetError(f"table {m['name']}: sizes out of range")
@@ -102,9 +105,14 @@ def _decoded(m: dict, desc: str):
 
 
 def close(made: dict[str, tuple[int, dict]]) -> None:
-    for fd, _ in made.values():
-        os.close(fd)
-    made.clear()
+    """Each made map's fd closed once: taken out of made before its close (a second cleanup, atexit's,
+    must not close a number since reused)."""
+    while made:
+        fd, _ = made.pop(next(iter(made)))
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def table(bpf, m: dict, fd: int, keytype=None, leaftype=None, reducer=None):

@@ -442,6 +442,28 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
     assert "a directory above the cache that others can change" in got.processes, got.processes
 
 
+@pytest.mark.bpf
+def test_a_maps_entry_the_cache_cannot_trust_leaves_the_maps_compiled(monkeypatch, tmp_path):
+    """The maps' description is read under the cache's checks like a part: an entry that is a symlink
+    is refused with the reason in the start's line, the maps are compiled, and the start goes on."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    cache = tmp_path / "cache"
+    got, _ = _load(monkeypatch, "1", cache=str(cache))
+    got.bpf.cleanup()
+    theirs, here = _entries(cache)
+    (maps,) = [e for e in cache.glob("*.json") if e not in theirs + here]
+    maps.unlink()
+    maps.symlink_to(theirs[0])
+    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    try:
+        assert got.processes.startswith("1 process, 3 parts from the compile cache; compile cache not used: "), \
+            got.processes
+        assert got.bpf.module is not None and "symbolic links" in got.processes, got.processes  # O_NOFOLLOW: ELOOP
+        check_adopted(got, plan)
+    finally:
+        got.bpf.cleanup()
+
+
 @pytest.mark.bpf  # bcc's version and library are part of the key
 def test_the_cache_key_follows_what_a_compile_reads(monkeypatch, tmp_path):
     """Text, flags, the headers of its -I directories (bpf/mcp_records.h) and each tracepoint's

@@ -80,8 +80,12 @@ def test_a_description_it_cannot_trust_makes_nothing_and_leaves_nothing_open():
     bad_desc[-1]["leaf_desc"] = "[not json"
     other_type = [dict(m) for m in desc]
     other_type[0]["type"] = 4  # a perf event array: not made here
+    no_flags = [dict(m) for m in desc]
+    del no_flags[1]["bcc_flags"]
+    twice = desc + [dict(desc[0])]
     for wrong, why in ((bad_size, "BPF_MAP_CREATE: EINVAL"), (bad_desc, "leaf_desc"),
-                       (other_type, "does not make"), ([], "no table"), ({"maps": 1}, "no table")):
+                       (other_type, "does not make"), (no_flags, "does not make"), (twice, "described twice"),
+                       ([], "no table"), ({"maps": 1}, "no table")):
         with pytest.raises(mapset.MapSetError) as e:
             loader._bpf_class().from_maps(wrong)
         assert why in str(e.value), str(e.value)
