@@ -56,7 +56,7 @@ def describe(module) -> list[dict]:
         n = name.encode()
         mid = lib.bpf_table_id(module, n)
         out.append({"name": name, **{f: int(getattr(info, f)) for f in FIELDS},
-                    "kernel_name": info.name.decode(errors="replace"), "bcc_id": int(mid),
+                    "bcc_id": int(mid),
                     "bcc_type": int(lib.bpf_table_type_id(module, mid)),
                     "bcc_flags": int(lib.bpf_table_flags_id(module, mid)),
                     "bcc_max_entries": int(lib.bpf_table_max_entries_id(module, mid)),
