@@ -17,8 +17,8 @@ median of the per-round ratios of start and of compile time. Then the bench proc
 loader.load() in both modes, taking turns: the compile's own ratio, without the CLI's import of the
 pipeline competing for the CPUs (on a host with many CPUs the CLI sees this one).
 A fourth kind loads the workers' parts from the compile cache (a temporary one, filled by the first,
-uncounted run): a restart or a start after reboot on the same kernel; the other kinds turn the cache
-off and compile as a first start does. With --drop-caches, a further kind of run first drops the page cache (echo 3 > drop_caches): a start
+uncounted run): a restart or a start after reboot on the same kernel; the other kinds each get an
+empty cache and compile as a first start does (looking the parts up and writing them). With --drop-caches, a further kind of run first drops the page cache (echo 3 > drop_caches): a start
 from disk, as after a reboot; it slows everything else on the host for a moment.
 
 On request (--kinds timeline), cached starts under bench/_startup_timeline.py, which imports nothing
@@ -89,8 +89,10 @@ def one_run(kind: str, tmp: str, i: int) -> dict:
     args = ["run", "--no-status", "--jsonl", os.path.join(tmp, f"telemetry-{i}.jsonl")]
     if kind == "single":
         env["MCP_HOSTAGENT_COMPILE_SPLIT"] = "0"
-    # the compile cache only where measured: every other kind compiles as a first start does
-    env["MCP_HOSTAGENT_COMPILE_CACHE"] = os.path.join(tmp, "compile-cache") if kind in ("cached", "timeline") else "off"
+    # the compile cache kept from run to run only where measured; every other kind starts as a first
+    # start does, on the default: the cache on and empty (its look-ups and writes counted)
+    env["MCP_HOSTAGENT_COMPILE_CACHE"] = os.path.join(tmp, "compile-cache" if kind in ("cached", "timeline")
+                                                      else f"first-start-cache-{i}")
     if kind == "instrumented":
         cmd = [c.agent_python(), str(c.BENCH / "_startup_probe.py"), out, *args]
     elif kind == "timeline":

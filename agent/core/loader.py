@@ -204,16 +204,24 @@ def _compile_quietly(text: str, cflags: list[str], progress: Callable[[str], Non
     return bpf, time.monotonic() - t0
 
 
-# The tracepoint probes of these sources compile in worker processes (compile_worker.py) while this
-# one compiles the rest: LLVM is most of start-up and libbcc runs one compile per process. On two
-# CPUs one worker, and requests.bpf.c stays here (it balanced the halves); with more, two workers and
-# this process compiles the maps and the uprobes alone. What this process compiles besides the maps
-# is a part too ("here": the uprobes, and requests.bpf.c on two CPUs), kept in the compile cache
-# (compile_cache.py) with the workers' parts, and so is the maps' description: a start whose parts
-# are all cached makes the maps from it (mapset.py) and compiles nothing. Measured: docs/PERFORMANCE.md.
+# Parts of the unit compile in worker processes (compile_worker.py) while this one compiles the
+# rest: LLVM is most of start-up and libbcc runs one compile per process. Each compile pays a fixed
+# prelude (bcc's helpers and the kernel headers: 0.58 s of a 1.1 s part on this VM, docs/PERFORMANCE.md),
+# so more parts shorten the slowest only down to that: groups by the number of workers the CPUs and
+# the memory cgroup allow (split_for takes the largest that fits). A group names sources (their
+# tracepoint probes) or probes (the uprobes included); a probe goes to the first group naming it.
+# What no group takes is this process's part ("here"): on two CPUs requests.bpf.c and the uprobes,
+# with six workers nothing but the maps. Every part is kept in the compile cache (compile_cache.py)
+# with the maps' description: a start whose parts are all cached makes the maps from it (mapset.py)
+# and compiles nothing. Measured: docs/PERFORMANCE.md.
+_HTTP_IN = ("http_read", "http_read_ret", "http_recvfrom", "http_recvfrom_ret", "http_close")
 WORKER_GROUPS = {
     1: (("http.bpf.c", "reclaim.bpf.c", "cuda.bpf.c", "health.bpf.c"),),
     2: (("requests.bpf.c", "reclaim.bpf.c"), ("http.bpf.c", "cuda.bpf.c", "health.bpf.c")),
+    4: (("requests.bpf.c",), ("reclaim.bpf.c", "cuda.bpf.c", "health.bpf.c"), _HTTP_IN, ("http.bpf.c",)),
+    6: (("marker", "sched_switch", "sched_wakeup"), ("requests.bpf.c",), _HTTP_IN, ("http.bpf.c",),
+        ("cuda_launch", "cuda_graph", "cuda_ctx", "reclaim.bpf.c"),
+        ("cuda_sync", "cuda_alloc", "cuda_free", "cuda.bpf.c", "health.bpf.c")),
 }
 SPLIT_ENV = "MCP_HOSTAGENT_COMPILE_SPLIT"  # "0": one compile process (bench_startup compares the two)
 BPF_LD_IMM64, BPF_PSEUDO_MAP_FD = 0x18, 1  # include/uapi/linux/bpf.h
@@ -253,22 +261,23 @@ def split_for(plan: ProbePlan) -> tuple[tuple[Part, ...], str]:
     if sys.byteorder != "little":  # _rebind_maps reads the instructions' immediates as little-endian
         return (), "1 process (big-endian host)"
     left = memcg_headroom()
-    workers = min(cpus - 1, len(WORKER_GROUPS))
+    workers = min(cpus - 1, max(WORKER_GROUPS))
     if left is not None:
         workers = min(workers, max(0, (left - START_MEMORY) // WORKER_MEMORY))
         if not workers:
             need = (START_MEMORY + WORKER_MEMORY) >> 20
             return (), f"1 process (its memory cgroup has under {need} MiB below its limit)"
-    enabled = [s for s in plan.enabled() if s.kind != "uprobe"]
-    parts = []
-    for group in WORKER_GROUPS[workers]:
-        specs = [s for s in enabled if s.program in group]
-        if specs:
-            parts.append(Part(tuple(s.macro for s in specs), tuple(s.tracepoint for s in specs)))
+    groups = WORKER_GROUPS[max(n for n in WORKER_GROUPS if n <= workers)]
+    taken: dict[int, list] = {}
+    for s in plan.enabled():
+        i = next((i for i, g in enumerate(groups) if s.name in g or (s.kind != "uprobe" and s.program in g)), None)
+        if i is not None:
+            taken.setdefault(i, []).append(s)
+    parts = [Part(tuple(s.macro for s in taken[i]), tuple(s.tracepoint for s in taken[i] if s.kind != "uprobe"))
+             for i in sorted(taken)]
     if not parts:
         return (), "1 process"
-    # What no worker takes is this process's part: the uprobes (bcc's own load), and on two CPUs
-    # requests.bpf.c's probes (the halves' balance). Cached too, so a cached start compiles maps only.
+    # What no worker takes is this process's part. Cached too, so a cached start compiles maps only.
     side = {m for p in parts for m in p.macros}
     rest = [s for s in plan.enabled() if s.macro not in side]
     here = Part(tuple(s.macro for s in rest), tuple(s.tracepoint for s in rest if s.kind != "uprobe"), here=True)
@@ -347,54 +356,81 @@ class _Job:
     cached: bool = False
 
 
-def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], progress: Callable[[str], None] | None,
-             spawned: list[_Worker] | None = None):
-    """(bpf, seconds, how): the unit compiled here, with each part (split_for) taken from the compile
-    cache, or compiled in parallel by a compile_worker.py (spawned: started ahead, waiting for a
-    request) or here, and adopted; anything wrong with a part compiles it all here."""
+@dataclass
+class _Begun:
+    """A compile's first step (_begin): the compile cache looked up, the workers sent their parts;
+    or why it compiles in one process (fallback)."""
+    t0: float
+    jobs: list[_Job]
+    cache: str | None = None
+    note: str = ""
+    maps_key: str | None = None
+    desc: dict | None = None
+    fallback: str = ""
+
+
+def _begin(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], spawned: list[_Worker] | None = None) -> _Begun:
+    """Look each part up in the compile cache and send the others to workers (spawned: started ahead,
+    waiting for a request). compile_ahead runs this before the pipeline's import begins: run in the
+    compile thread, each file read gave the GIL to the import and waited up to a switch interval
+    (5 ms) for it back, ~0.1 s on the H100 host before the workers had their parts."""
     spare = list(spawned or ())
     parts, why = split
+    b = _Begun(time.monotonic(), [])
     if not parts:
         _stop_all(spare)
-        return (*_compile_quietly(text, cflags, progress), why)
-    t0 = time.monotonic()
-    cache, note = compile_cache.directory(), ""
-    jobs = []
+        b.fallback = why
+        return b
+    b.cache = compile_cache.directory()
     for p in parts:
         mine = {f"-D{m}=1" for m in p.macros}
         j = _Job(p, [f for f in cflags if f in mine or not f.startswith("-DMCP_PROBE_")])
-        if cache:
+        if b.cache:
             try:
                 j.key = compile_cache.key(text, j.flags, list(p.tracepoints))
-                j.reply = compile_cache.get(cache, j.key)
+                j.reply = compile_cache.get(b.cache, j.key)
                 j.cached = j.reply is not None
             except (compile_cache.CacheError, OSError, ValueError) as e:
-                j.key, cache, note = None, None, f"; compile cache not used: {e}"
-        jobs.append(j)
+                j.key, b.cache, b.note = None, None, f"; compile cache not used: {e}"
+        b.jobs.append(j)
     try:
-        for j in jobs:
+        for j in b.jobs:
             if not j.cached and not j.part.here:
                 j.worker = spare.pop(0) if spare else _Worker()
                 j.worker.send(text, j.flags)
     except (OSError, RuntimeError) as e:  # RuntimeError: no thread for its feed (TasksMax)
-        _stop_all(spare + [j.worker for j in jobs if j.worker])
-        return (*_compile_quietly(text, cflags, progress), f"1 process (worker: {e})")
+        _stop_all(spare + [j.worker for j in b.jobs if j.worker])
+        b.jobs, b.fallback = [], f"1 process (worker: {e})"
+        return b
     _stop_all(spare)  # started ahead for a part the cache holds
+    if b.cache:  # the maps' description, made into maps if every part is cached (core/mapset.py)
+        try:
+            b.maps_key = compile_cache.key(text, [f for f in cflags if not f.startswith("-DMCP_PROBE_")], [],
+                                           {"maps": [mapset.FORMAT, mapset.possible_cpus()]})
+            b.desc = compile_cache.get(b.cache, b.maps_key)
+        except (compile_cache.CacheError, OSError, ValueError) as e:
+            b.maps_key, b.cache, b.note = None, None, f"; compile cache not used: {e}"
+    return b
+
+
+def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], progress: Callable[[str], None] | None,
+             spawned: list[_Worker] | None = None, begun: _Begun | None = None):
+    """(bpf, seconds, how): the unit compiled here, with each part (split_for) taken from the compile
+    cache, or compiled in parallel by a compile_worker.py or here, and adopted; anything wrong with a
+    part compiles it all here. begun: _begin's result, if it ran ahead."""
+    b = begun or _begin(text, cflags, split, spawned)
+    if b.fallback:
+        return (*_compile_quietly(text, cflags, progress), b.fallback)
+    t0, jobs, cache, note, maps_key, desc = b.t0, b.jobs, b.cache, b.note, b.maps_key, b.desc
     workers = [j.worker for j in jobs if j.worker]
     given = {f"-D{m}=1" for j in jobs if j.cached or j.worker for m in j.part.macros}
-    maps_key, desc, bpf = None, None, None
-    if cache:  # every part cached: the maps made from their description, if it is there (core/mapset.py)
+    bpf = None
+    if desc is not None and all(j.cached for j in jobs):
         try:
-            maps_key = compile_cache.key(text, [f for f in cflags if not f.startswith("-DMCP_PROBE_")], [],
-                                         {"maps": [mapset.FORMAT, mapset.possible_cpus()]})
-            desc = compile_cache.get(cache, maps_key)
-            if desc is not None and all(j.cached for j in jobs):
-                bpf = _bpf_class().from_maps(desc.get("maps"))
-        except (compile_cache.CacheError, OSError, ValueError) as e:
-            maps_key, cache, note = None, None, f"; compile cache not used: {e}"
-        except mapset.MapSetError as e:
+            bpf = _bpf_class().from_maps(desc.get("maps"))
+        except (mapset.MapSetError, OSError, ValueError) as e:
             compile_cache.drop(cache, maps_key)
-            desc, note = None, f"; maps compiled ({e})"
+            desc, note = None, note + f"; maps compiled ({e})"
     made = bpf is not None
     if not made:
         try:
@@ -640,17 +676,17 @@ def release_compiler_memory(maps_path: str = "/proc/self/maps") -> None:
 class _Ahead:
     """A compile begun before it is needed (compile_ahead), taken by the load() it was begun for."""
 
-    def __init__(self, key: tuple, split: tuple[tuple[Part, ...], str], progress, spawned: list[_Worker]):
-        self.key, self.split, self.result, self.error, self.spawned = key, split, None, None, spawned
+    def __init__(self, key: tuple, split: tuple[tuple[Part, ...], str], progress, begun: _Begun):
+        self.key, self.split, self.result, self.error, self.begun = key, split, None, None, begun
         self.thread = threading.Thread(target=self._run, args=(progress,), name="bpf-compile", daemon=True)
 
     def _run(self, progress) -> None:
         try:
-            self.result = _compile(self.key[0], list(self.key[1]), self.split, progress, self.spawned)
+            self.result = _compile(self.key[0], list(self.key[1]), self.split, progress, begun=self.begun)
         except LoadError as e:
             self.error = e
         except Exception:  # noqa: BLE001 - bcc not importable, say: load() compiles again and reports it
-            _stop_all(self.spawned)
+            _stop_all(j.worker for j in self.begun.jobs if j.worker)
 
 
 _ahead: _Ahead | None = None
@@ -676,7 +712,7 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
                 spawned.append(_Worker())
     except OSError:
         _stop_all(spawned)
-        spawned = []  # _compile tries again, and compiles in one process if that fails too
+        spawned = []  # _begin tries again, and compiles in one process if that fails too
     try:
         # bcc imported here, before the thread: imported in it, it would share the GIL with the
         # pipeline's import that runs meanwhile, and the compile (which holds no GIL) would begin late
@@ -684,8 +720,14 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
     except Exception:  # noqa: BLE001 - load() imports it again and reports what fails
         _stop_all(spawned)
         return
-    _ahead = _Ahead((unit_source(), tuple(cflags_for(plan, settings))), split, progress, spawned)
-    _ahead.thread.start()
+    key = (unit_source(), tuple(cflags_for(plan, settings)))
+    job = _Ahead(key, split, progress, _begin(key[0], list(key[1]), split, spawned))
+    try:
+        job.thread.start()
+    except RuntimeError:  # no thread (TasksMax): load() compiles
+        _stop_all(j.worker for j in job.begun.jobs if j.worker)
+        return
+    _ahead = job
 
 
 def compile_ahead_for(cfg, progress: Callable[[str], None] | None = None) -> None:

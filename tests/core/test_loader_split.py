@@ -89,29 +89,43 @@ def _macros(parts) -> set[str]:
     return {m for p in parts for m in p.macros}
 
 
-@pytest.mark.parametrize("cpus,workers", [(2, 1), (3, 2), (16, 2)])
-def test_workers_take_tracepoint_probes_of_their_sources_and_this_process_the_uprobes(monkeypatch, cpus, workers):
+@pytest.mark.parametrize("cpus,workers", [(2, 1), (3, 2), (4, 2), (5, 4), (7, 6), (16, 6), (128, 6)])
+def test_each_probe_is_in_one_part_the_first_group_naming_it(monkeypatch, cpus, workers):
     monkeypatch.setenv(loader.SPLIT_ENV, "1")
     monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
     plan = _plan()
     parts, why = loader.split_for(plan)
-    theirs, (here,) = [p for p in parts if not p.here], [p for p in parts if p.here]
-    assert len(theirs) == workers and why == ""
+    theirs, here = [p for p in parts if not p.here], [p for p in parts if p.here]
+    groups = loader.WORKER_GROUPS[workers]
+    assert len(theirs) == len(groups) and why == ""
     by_macro = {s.macro: s for s in plan.enabled()}
-    side = _macros(theirs)
-    assert side < set(by_macro) and len(side) == sum(len(p.macros) for p in theirs)  # no probe in two parts
-    for p, group in zip(theirs, loader.WORKER_GROUPS[workers]):
-        assert {by_macro[m].program for m in p.macros} <= set(group)
-        assert p.tracepoints == tuple(by_macro[m].tracepoint for m in p.macros)
-    assert all(by_macro[m].kind != "uprobe" for m in side)
-    # this process's part, compiled here unless cached: the uprobes and what no worker takes, which on
-    # two CPUs is requests.bpf.c (the halves' balance); every enabled probe is in exactly one part
-    assert set(here.macros) == set(by_macro) - side
-    assert {by_macro[m].program for m in here.macros if by_macro[m].kind != "uprobe"} == (
-        {"requests.bpf.c"} if workers == 1 else set())
-    assert {m for m, s in by_macro.items() if s.kind == "uprobe"} <= set(here.macros)
-    assert here.tracepoints == tuple(by_macro[m].tracepoint for m in here.macros if by_macro[m].kind != "uprobe")
+    every = [m for p in parts for m in p.macros]
+    assert sorted(every) == sorted(by_macro)  # every enabled probe in exactly one part
+    for p, group in zip(theirs, groups):
+        for m in p.macros:
+            s = by_macro[m]
+            first = next(g for g in groups if s.name in g or (s.kind != "uprobe" and s.program in g))
+            assert first is group, (s.name, group)
+    for p in parts:
+        assert p.tracepoints == tuple(by_macro[m].tracepoint for m in p.macros if by_macro[m].kind != "uprobe")
+    # this process's part, compiled here unless cached: what no group takes. On two CPUs
+    # requests.bpf.c (the halves' balance) and the uprobes; with six workers, nothing (the maps alone)
+    left = {by_macro[m].program if by_macro[m].kind != "uprobe" else "uprobe" for p in here for m in p.macros}
+    assert left == {1: {"requests.bpf.c", "uprobe"}, 2: {"uprobe"}, 4: {"uprobe"}, 6: set()}[workers]
+    assert len(here) == (workers < 6)
+
+
+def test_the_groups_name_real_sources_and_probes_and_none_is_empty():
+    names = {s.name for s in probes.PROBES} | {s.program for s in probes.PROBES}
+    default = _plan().enabled()
+    for n, groups in loader.WORKER_GROUPS.items():
+        assert len(groups) == n
+        for g in groups:
+            assert set(g) <= names, set(g) - names
+        used = {next((i for i, g in enumerate(groups) if s.name in g or (s.kind != "uprobe" and s.program in g)), None)
+                for s in default}
+        assert set(range(n)) <= used, (n, used)  # every group takes a default probe no earlier one took
 
 
 def test_every_uprobe_program_is_known_as_kprobe_type_and_nothing_else():
@@ -157,8 +171,10 @@ def test_one_process_on_one_cpu_when_asked_or_short_of_memory(monkeypatch):
     assert loader.split_for(_plan()) == ((), "1 process (MCP_HOSTAGENT_COMPILE_SPLIT=0)")
     monkeypatch.setenv(loader.SPLIT_ENV, "1")
     workers = lambda: [p for p in loader.split_for(_plan())[0] if not p.here]  # noqa: E731
-    assert len(workers()) == 2
-    # room for one worker, not two: the two-CPU grouping
+    assert len(workers()) == 6
+    # room for five workers, not six: the four-worker grouping; for one, not two: the two-CPU one
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.START_MEMORY + 6 * loader.WORKER_MEMORY - 1)
+    assert len(workers()) == 4
     monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.START_MEMORY + 2 * loader.WORKER_MEMORY - 1)
     assert len(workers()) == 1
     monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.START_MEMORY + loader.WORKER_MEMORY - 1)
@@ -288,10 +304,12 @@ def _entries(cache) -> tuple[list, list]:
 
 
 @pytest.mark.bpf
-@pytest.mark.parametrize("cpus", [2, 3])
-def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path, cpus):
-    """Also: started from a directory holding a planted worker module, the agent runs its own."""
+@pytest.mark.parametrize("cpus,processes", [(2, 2), (3, 3), (16, 7)])
+def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path, cpus, processes):
+    """Also: started from a directory holding a planted worker module, the agent runs its own. With
+    six workers the uprobe programs come from workers too (loaded here as kprobe-type by the check)."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))  # on fewer CPUs too (only slower)
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
     planted = tmp_path / "mcp_hostagent" / "core"
     planted.mkdir(parents=True)
     for d in (planted, planted.parent):
@@ -302,7 +320,7 @@ def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path, cpus):
     got, plan = _load(monkeypatch, "1")
     try:
         assert not marker.exists(), "the worker ran a module from the agent's working directory"
-        assert got.processes == f"{cpus} processes"
+        assert got.processes == f"{processes} processes"
         check_adopted(got, plan)
     finally:
         got.bpf.cleanup()
@@ -353,6 +371,42 @@ def test_on_two_cpus_this_processs_part_is_cached_too(monkeypatch, tmp_path):
         check_adopted(got, plan)
         assert {n.decode() for n in got.bpf.adopted} >= mine | kprobes
         assert not any(loader._compiled_here(got.bpf, n.encode()) for n in mine | kprobes)
+        single, plan1 = _load(monkeypatch, "0")
+        single.bpf.cleanup()
+        assert {n: st.state for n, st in plan.statuses.items()} == {n: st.state for n, st in plan1.statuses.items()}
+    finally:
+        got.bpf.cleanup()
+
+
+@pytest.mark.bpf
+def test_with_six_workers_this_process_compiles_the_maps_alone_and_a_cached_start_nothing(monkeypatch, tmp_path):
+    """On many CPUs every probe, the uprobes included, is a worker's: this process's own compile holds
+    no program, six parts and the maps are cached, and a cached start makes the maps and adopts every
+    program, with the probes' states those of a one-process compile."""
+    from bcc import libbcc
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
+    cache = tmp_path / "cache"
+    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    try:
+        assert got.processes == "7 processes", got.processes
+        assert libbcc.lib.bpf_num_functions(got.bpf.module) == 0
+        check_adopted(got, plan)
+    finally:
+        got.bpf.cleanup()
+    kprobes = loader.kprobe_programs(loader.unit_source())
+    entries = [json.loads(e.read_text())["reply"] for e in cache.glob("*.json")]
+    parts = [set(r["funcs"]) for r in entries if "funcs" in r]
+    assert len(parts) == 6 and len(entries) == 7 and set().union(*parts) >= kprobes
+    assert sum(len(p) for p in parts) == len(set().union(*parts))  # no program in two parts
+
+    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    try:
+        assert got.processes == "1 process, 6 parts and the maps from the compile cache", got.processes
+        assert got.bpf.module is None
+        check_adopted(got, plan)
+        assert {n.decode() for n in got.bpf.adopted} == set().union(*parts)
         single, plan1 = _load(monkeypatch, "0")
         single.bpf.cleanup()
         assert {n: st.state for n, st in plan.statuses.items()} == {n: st.state for n, st in plan1.statuses.items()}
