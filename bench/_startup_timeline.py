@@ -28,7 +28,8 @@ IMPORTS = {"mcp_hostagent.cli", "mcp_hostagent.core.agent", "mcp_hostagent.core.
            "pyroute2", "mcp_hostagent.control", "mcp_hostagent.sdnotify", "mcp_hostagent.exporters.files"}
 # module -> [(owner attribute path, event name)]
 WRAP = {
-    "mcp_hostagent.core.loader": [("compile_ahead_for", "compile ahead: begin"), ("_compile", "compile line"),
+    "mcp_hostagent.core.loader": [("compile_ahead_for", "compile ahead: begin"), ("_begin", "cache looked up, parts sent"),
+                                  ("_compile", "compile line"), ("_Worker.reply", "a worker's reply taken"),
                                   ("_compile_quietly", "bcc compile"), ("_load_parts", "verify parts"),
                                   ("_take_ahead", "wait for the compile"), ("load", "loader.load"),
                                   ("release_compiler_memory", "release compiler memory")],

@@ -21,9 +21,9 @@ uncounted run): a restart or a start after reboot on the same kernel; the other 
 empty cache and compile as a first start does (looking the parts up and writing them). With --drop-caches, a further kind of run first drops the page cache (echo 3 > drop_caches): a start
 from disk, as after a reboot; it slows everything else on the host for a moment.
 
-On request (--kinds timeline), cached starts under bench/_startup_timeline.py, which imports nothing
-ahead and times the start's imports and steps in whichever thread makes them: the median run's events
-in order, to see which thread holds up the last attach.
+On request (--kinds timeline, first-timeline), cached or first starts under bench/_startup_timeline.py,
+which imports nothing ahead and times the start's imports and steps in whichever thread makes them:
+the median run's events in order, to see which thread holds up the last attach.
 
 Targets: every probe attached <= 1.5 s after the spawn (issue 14; the agent's BPF link and perf-event fds,
 polled every 5 ms, reach the count it keeps), READY=1 <= 3 s (issue 7). Reported: median and max over runs of
@@ -95,7 +95,7 @@ def one_run(kind: str, tmp: str, i: int) -> dict:
                                                       else f"first-start-cache-{i}")
     if kind == "instrumented":
         cmd = [c.agent_python(), str(c.BENCH / "_startup_probe.py"), out, *args]
-    elif kind == "timeline":
+    elif kind in ("timeline", "first-timeline"):
         cmd = [c.agent_python(), str(c.BENCH / "_startup_timeline.py"), out, *args]
     else:
         cmd = [*c.agent_cmd(), *args]
@@ -143,7 +143,7 @@ def one_run(kind: str, tmp: str, i: int) -> dict:
             row["probes"] = line.split("probes", 1)[1].strip()
     if kind == "instrumented" and os.path.exists(out):
         row["steps"] = steps(json.load(open(out)), t_spawn, t_ready, t_term, t_stopping, t_exit)
-    if kind == "timeline" and os.path.exists(out):
+    if kind in ("timeline", "first-timeline") and os.path.exists(out):
         row["timeline"] = timeline(json.load(open(out)), t_spawn, t_attached, t_ready)
     return row
 
@@ -266,14 +266,15 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, help="runs of each kind; default 8, --quick 3")
     ap.add_argument("--drop-caches", action="store_true", help="also runs after dropping the page cache")
     ap.add_argument("--json", help="also write the results to this file")
-    ap.add_argument("--kinds", help="comma-separated subset of plain,single,cached,instrumented,timeline "
-                    "(default: all but timeline, a cached start's events in order: where its time goes)")
+    ap.add_argument("--kinds", help="comma-separated subset of plain,single,cached,instrumented,timeline,"
+                    "first-timeline (default: all but the timelines, a cached or a first start's events in "
+                    "order: where its time goes)")
     a = ap.parse_args(argv)
     c.require_root()
     c.ensure_project_python()
     runs = a.runs or (3 if a.quick else 8)
-    known = ["plain", "single", "cached", "instrumented", "timeline"]
-    kinds = known[:-1]
+    known = ["plain", "single", "cached", "instrumented", "timeline", "first-timeline"]
+    kinds = known[:-2]
     if a.kinds:
         bad = set(a.kinds.split(",")) - set(known)
         if bad:
@@ -318,12 +319,12 @@ def main(argv=None) -> int:
         results[k] = s
         label = {"plain": "mcp-agent run", "single": "same, one compile process", "instrumented": "same, steps timed",
                  "cached": "same, parts from the compile cache", "cold": "after drop_caches",
-                 "timeline": "cached, events timed"}[k]
+                 "timeline": "cached, events timed", "first-timeline": "first start, events timed"}[k]
         table.append([label, _f(s["attached_s"][0]), _f(s["attached_s"][1]),
                       f"{s['start_s'][0]:.2f}", f"{s['start_s'][1]:.2f}", f"{s['compile_s'][0]:.2f}",
                       f"{s['stop_s'][0]:.2f}", f"{s['stop_s'][1]:.2f}", f"{s['rss_mb'][0]:.0f}",
                       f"{s['pss_mb'][0]:.0f}"])
-        if k in ("instrumented", "timeline"):  # stopwatch runs: the breakdown, not the headline
+        if k in ("instrumented", "timeline", "first-timeline"):  # stopwatch runs: the breakdown, not the headline
             continue
         summary += [
             {"what": f"start to every probe attached, {label} (target <= {ATTACHED_TARGET_S} s), median (max)",
@@ -380,12 +381,13 @@ def main(argv=None) -> int:
         rows_ += [["other", f"{med_step['stop other']:.3f}"],
                   ["stop: SIGTERM to exit", f"{med_step['stop total']:.3f}"]]
         c.print_table("where stopping goes (median)", ["step", "s"], rows_)
-    tl = sorted((x for x in rows if x["kind"] == "timeline" and x.get("timeline")), key=lambda x: x["attached_s"] or 0)
-    if tl:  # the median run's events: which thread holds up the last attach
-        x = tl[len(tl) // 2]
-        c.print_table(f"a cached start's events, in order (the median of {len(tl)} timeline runs: attached "
-                      f"{_f(x['attached_s'])} s, READY {x['start_s']:.2f} s)", ["from", "to", "thread", "event"],
-                      [[f"{t0:.3f}", f"{t1:.3f}", th, n] for t0, t1, th, n in x["timeline"]])
+    for k, what in (("timeline", "a cached start"), ("first-timeline", "a first start")):
+        tl = sorted((x for x in rows if x["kind"] == k and x.get("timeline")), key=lambda x: x["attached_s"] or 0)
+        if tl:  # the median run's events: which thread holds up the last attach
+            x = tl[len(tl) // 2]
+            c.print_table(f"{what}'s events, in order (the median of {len(tl)} {k} runs: attached "
+                          f"{_f(x['attached_s'])} s, READY {x['start_s']:.2f} s)", ["from", "to", "thread", "event"],
+                          [[f"{t0:.3f}", f"{t1:.3f}", th, n] for t0, t1, th, n in x["timeline"]])
     results["imports_ms"] = imports
     print("  largest imports (python -X importtime, cumulative ms, one warm run): "
           + ", ".join(f"{n} {ms:.0f}" for n, ms in imports))
