@@ -33,7 +33,7 @@ from .kernel import DEBUGFS, TRACEFS
 
 ENV = "MCP_HOSTAGENT_COMPILE_CACHE"  # a directory, or "off"
 DEFAULT_DIR = "/var/cache/mcp-hostagent/bpf"
-MAX_ENTRIES = 24  # one per part (6 at most: loader.WORKER_GROUPS) and the maps' per unit version and kernel; older dropped
+MAX_ENTRIES = 32  # one per part (6 at most: loader.WORKER_GROUPS; a reload with less memory may take 4) and the maps' per unit version and kernel; older dropped
 TRACEFS_ROOTS = (TRACEFS, f"{DEBUGFS}/tracing")  # where bcc reads formats
 
 

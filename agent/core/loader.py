@@ -241,7 +241,8 @@ WORKER_MEMORY = 64 << 20
 class Part:
     """A share of the unit compiled apart and kept in the compile cache: its probes' macros and their
     tracepoints (the cache key's). A worker process compiles it, or with here=True this process does
-    (the uprobes, and what no worker takes), when the cache has no entry for it."""
+    (what no worker group takes: with fewer than six workers, the uprobes among it), when the cache
+    has no entry for it."""
     macros: tuple[str, ...]
     tracepoints: tuple[str, ...]
     here: bool = False
@@ -375,8 +376,17 @@ def _begin(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], sp
     compile thread, each file read gave the GIL to the import and waited up to a switch interval
     (5 ms) for it back, ~0.1 s on the H100 host before the workers had their parts."""
     spare = list(spawned or ())
-    parts, why = split
     b = _Begun(time.monotonic(), [])
+    try:
+        return _look_up_and_send(b, text, cflags, split, spare)
+    except BaseException:  # ^C, or what the handlers below miss: no worker outlives the start
+        _stop_all(spare + [j.worker for j in b.jobs if j.worker])
+        raise
+
+
+def _look_up_and_send(b: _Begun, text: str, cflags: list[str], split: tuple[tuple[Part, ...], str],
+                      spare: list[_Worker]) -> _Begun:
+    parts, why = split
     if not parts:
         _stop_all(spare)
         b.fallback = why
@@ -721,7 +731,10 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
         _stop_all(spawned)
         return
     key = (unit_source(), tuple(cflags_for(plan, settings)))
-    job = _Ahead(key, split, progress, _begin(key[0], list(key[1]), split, spawned))
+    try:
+        job = _Ahead(key, split, progress, _begin(key[0], list(key[1]), split, spawned))
+    except Exception:  # noqa: BLE001 - its workers stopped (_begin): load() compiles and reports what fails
+        return
     try:
         job.thread.start()
     except RuntimeError:  # no thread (TasksMax): load() compiles

@@ -1,4 +1,4 @@
-"""The BPF unit compiled in two processes (core/loader.py, core/compile_worker.py).
+"""The BPF unit compiled in several processes (core/loader.py, core/compile_worker.py).
 
 The worker's programs come back with its own map fds in their instructions; the agent rewrites them
 to its maps of the same names and loads them. Checked with the kernel's own record of which maps a
@@ -114,6 +114,77 @@ def test_each_probe_is_in_one_part_the_first_group_naming_it(monkeypatch, cpus, 
     left = {by_macro[m].program if by_macro[m].kind != "uprobe" else "uprobe" for p in here for m in p.macros}
     assert left == {1: {"requests.bpf.c", "uprobe"}, 2: {"uprobe"}, 4: {"uprobe"}, 6: set()}[workers]
     assert len(here) == (workers < 6)
+
+
+def test_six_workers_split_the_default_probes_thus(monkeypatch):
+    """The level-6 partition written out, so that a mistake in the first-group rule shows: requests.bpf.c
+    and http.bpf.c split in two each, the uprobes in two halves beside reclaim and the rest."""
+    monkeypatch.setenv(loader.SPLIT_ENV, "1")
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    plan = _plan()
+    name = {s.macro: s.name for s in plan.enabled()}
+    got = [sorted(name[m] for m in p.macros) for p in loader.split_for(plan)[0]]
+    reclaim = [s.name for s in probes.PROBES if s.program == "reclaim.bpf.c"]
+    health = [s.name for s in plan.enabled() if s.program == "health.bpf.c"]
+    http_in = ["http_close", "http_read", "http_read_ret", "http_recvfrom", "http_recvfrom_ret"]
+    assert got == [
+        ["marker", "sched_switch", "sched_wakeup"],
+        sorted(s.name for s in plan.enabled() if s.program == "requests.bpf.c"
+               and s.name not in ("marker", "sched_switch", "sched_wakeup")),
+        http_in,
+        sorted(s.name for s in probes.PROBES if s.program == "http.bpf.c" and s.name not in http_in),
+        sorted(["cuda_launch", "cuda_graph", "cuda_ctx"] + reclaim),
+        sorted(["cuda_sync", "cuda_alloc", "cuda_free", "nvidia_ioctl", "cuda_exec", "cuda_thread_exit"] + health),
+    ]
+
+
+class _FakeWorker:
+    made: list = []
+
+    def __init__(self):
+        self.sent, self.stopped = None, 0
+        _FakeWorker.made.append(self)
+
+    def send(self, text, flags):
+        self.sent = flags
+
+    def stop(self):
+        self.stopped += 1
+
+
+def test_no_worker_outlives_a_begin_or_a_compile_ahead_that_fails(monkeypatch):
+    """_begin runs on the main thread (compile_ahead): ^C in a cache look-up stops the workers begun
+    and sent; a compile thread that cannot start (TasksMax) leaves none running and no compile ahead."""
+    import threading
+
+    monkeypatch.setattr(loader, "_Worker", _FakeWorker)
+    _FakeWorker.made = []
+    parts = (loader.Part(("MCP_PROBE_A",), ()), loader.Part(("MCP_PROBE_B",), ()))
+    spawned = [_FakeWorker(), _FakeWorker()]
+    monkeypatch.setenv(compile_cache.ENV, "/nonexistent-cache")
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compile_cache, "key", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        loader._begin("text", ["-DMCP_PROBE_A=1", "-DMCP_PROBE_B=1"], (parts, ""), spawned)
+    assert [w.stopped > 0 for w in _FakeWorker.made] == [True, True]
+
+    monkeypatch.setenv(compile_cache.ENV, "off")
+    _FakeWorker.made = []
+    monkeypatch.setattr(loader, "_check_header_tree", lambda: None)
+    monkeypatch.setattr(loader, "split_for", lambda plan: (parts, ""))
+    monkeypatch.setattr(loader, "_bpf_class", lambda: None)
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    loader.compile_ahead(_plan(), {})
+    assert loader._ahead is None
+    assert len(_FakeWorker.made) == 2 and all(w.sent and w.stopped for w in _FakeWorker.made)
 
 
 def test_the_groups_name_real_sources_and_probes_and_none_is_empty():
@@ -296,7 +367,8 @@ def check_adopted(got, plan) -> None:
 
 
 def _entries(cache) -> tuple[list, list]:
-    """The cache's part entries: (the workers' parts', this process's (uprobes) part's), each sorted by name."""
+    """The cache's part entries: (the workers' parts', this process's (uprobes) part's), each sorted by
+    name. For two and three CPUs only: with six workers a worker's part can hold uprobes alone."""
     kprobes = loader.kprobe_programs(loader.unit_source())
     entries = sorted(e for e in cache.glob("*.json") if "funcs" in json.loads(e.read_text())["reply"])
     here = [e for e in entries if set(json.loads(e.read_text())["reply"]["funcs"]) <= kprobes]
@@ -304,8 +376,8 @@ def _entries(cache) -> tuple[list, list]:
 
 
 @pytest.mark.bpf
-@pytest.mark.parametrize("cpus,processes", [(2, 2), (3, 3), (16, 7)])
-def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path, cpus, processes):
+@pytest.mark.parametrize("cpus", [2, 3, 16])
+def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path, cpus):
     """Also: started from a directory holding a planted worker module, the agent runs its own. With
     six workers the uprobe programs come from workers too (loaded here as kprobe-type by the check)."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))  # on fewer CPUs too (only slower)
@@ -320,7 +392,9 @@ def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path, cpus, p
     got, plan = _load(monkeypatch, "1")
     try:
         assert not marker.exists(), "the worker ran a module from the agent's working directory"
-        assert got.processes == f"{processes} processes"
+        workers = [p for p in loader.split_for(plan)[0] if not p.here]
+        assert len(workers) == {2: 1, 3: 2}.get(cpus, len(loader.WORKER_GROUPS[6]))
+        assert got.processes == f"{1 + len(workers)} processes"
         check_adopted(got, plan)
     finally:
         got.bpf.cleanup()
@@ -389,8 +463,10 @@ def test_with_six_workers_this_process_compiles_the_maps_alone_and_a_cached_star
     monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
     cache = tmp_path / "cache"
     got, plan = _load(monkeypatch, "1", cache=str(cache))
+    n = len(loader.split_for(plan)[0])  # 6 where every default probe's hook exists
     try:
-        assert got.processes == "7 processes", got.processes
+        assert n >= 4 and not any(p.here for p in loader.split_for(plan)[0])
+        assert got.processes == f"{1 + n} processes", got.processes
         assert libbcc.lib.bpf_num_functions(got.bpf.module) == 0
         check_adopted(got, plan)
     finally:
@@ -398,12 +474,12 @@ def test_with_six_workers_this_process_compiles_the_maps_alone_and_a_cached_star
     kprobes = loader.kprobe_programs(loader.unit_source())
     entries = [json.loads(e.read_text())["reply"] for e in cache.glob("*.json")]
     parts = [set(r["funcs"]) for r in entries if "funcs" in r]
-    assert len(parts) == 6 and len(entries) == 7 and set().union(*parts) >= kprobes
+    assert len(parts) == n and len(entries) == n + 1 and set().union(*parts) >= kprobes
     assert sum(len(p) for p in parts) == len(set().union(*parts))  # no program in two parts
 
     got, plan = _load(monkeypatch, "1", cache=str(cache))
     try:
-        assert got.processes == "1 process, 6 parts and the maps from the compile cache", got.processes
+        assert got.processes == f"1 process, {n} parts and the maps from the compile cache", got.processes
         assert got.bpf.module is None
         check_adopted(got, plan)
         assert {n.decode() for n in got.bpf.adopted} == set().union(*parts)
