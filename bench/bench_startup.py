@@ -51,6 +51,7 @@ import _common as c  # noqa: E402
 SETTLE_S = 1.0  # after READY=1: the first status tick, then the memory reading
 TARGET_S = 3.0
 ATTACHED_TARGET_S = 1.5  # issue 14: spawn to every probe attached, on the H200
+TIMELINES = ("timeline", "first-timeline")  # the kinds run under _startup_timeline.py
 
 # (step name in _startup_probe.py, what the report calls it), in start-up order; "other" is the rest
 START_STEPS = [
@@ -95,7 +96,7 @@ def one_run(kind: str, tmp: str, i: int) -> dict:
                                                       else f"first-start-cache-{i}")
     if kind == "instrumented":
         cmd = [c.agent_python(), str(c.BENCH / "_startup_probe.py"), out, *args]
-    elif kind in ("timeline", "first-timeline"):
+    elif kind in TIMELINES:
         cmd = [c.agent_python(), str(c.BENCH / "_startup_timeline.py"), out, *args]
     else:
         cmd = [*c.agent_cmd(), *args]
@@ -143,7 +144,7 @@ def one_run(kind: str, tmp: str, i: int) -> dict:
             row["probes"] = line.split("probes", 1)[1].strip()
     if kind == "instrumented" and os.path.exists(out):
         row["steps"] = steps(json.load(open(out)), t_spawn, t_ready, t_term, t_stopping, t_exit)
-    if kind in ("timeline", "first-timeline") and os.path.exists(out):
+    if kind in TIMELINES and os.path.exists(out):
         row["timeline"] = timeline(json.load(open(out)), t_spawn, t_attached, t_ready)
     return row
 
@@ -324,7 +325,7 @@ def main(argv=None) -> int:
                       f"{s['start_s'][0]:.2f}", f"{s['start_s'][1]:.2f}", f"{s['compile_s'][0]:.2f}",
                       f"{s['stop_s'][0]:.2f}", f"{s['stop_s'][1]:.2f}", f"{s['rss_mb'][0]:.0f}",
                       f"{s['pss_mb'][0]:.0f}"])
-        if k in ("instrumented", "timeline", "first-timeline"):  # stopwatch runs: the breakdown, not the headline
+        if k in ("instrumented", *TIMELINES):  # stopwatch runs: the breakdown, not the headline
             continue
         summary += [
             {"what": f"start to every probe attached, {label} (target <= {ATTACHED_TARGET_S} s), median (max)",

@@ -369,6 +369,10 @@ class _Begun:
     desc: dict | None = None
     fallback: str = ""
 
+    @property
+    def workers(self) -> list[_Worker]:
+        return [j.worker for j in self.jobs if j.worker]
+
 
 def _begin(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], spawned: list[_Worker] | None = None) -> _Begun:
     """Look each part up in the compile cache and send the others to workers (spawned: started ahead,
@@ -380,7 +384,7 @@ def _begin(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], sp
     try:
         return _look_up_and_send(b, text, cflags, split, spare)
     except BaseException:  # ^C, or what the handlers below miss: no worker outlives the start
-        _stop_all(spare + [j.worker for j in b.jobs if j.worker])
+        _stop_all(spare + b.workers)
         raise
 
 
@@ -409,7 +413,7 @@ def _look_up_and_send(b: _Begun, text: str, cflags: list[str], split: tuple[tupl
                 j.worker = spare.pop(0) if spare else _Worker()
                 j.worker.send(text, j.flags)
     except (OSError, RuntimeError) as e:  # RuntimeError: no thread for its feed (TasksMax)
-        _stop_all(spare + [j.worker for j in b.jobs if j.worker])
+        _stop_all(spare + b.workers)
         b.jobs, b.fallback = [], f"1 process (worker: {e})"
         return b
     _stop_all(spare)  # started ahead for a part the cache holds
@@ -423,16 +427,14 @@ def _look_up_and_send(b: _Begun, text: str, cflags: list[str], split: tuple[tupl
     return b
 
 
-def _compile(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], progress: Callable[[str], None] | None,
-             spawned: list[_Worker] | None = None, begun: _Begun | None = None):
+def _compile(text: str, cflags: list[str], b: _Begun, progress: Callable[[str], None] | None):
     """(bpf, seconds, how): the unit compiled here, with each part (split_for) taken from the compile
     cache, or compiled in parallel by a compile_worker.py or here, and adopted; anything wrong with a
-    part compiles it all here. begun: _begin's result, if it ran ahead."""
-    b = begun or _begin(text, cflags, split, spawned)
+    part compiles it all here. b: _begin's look-ups and the workers it sent parts to."""
     if b.fallback:
         return (*_compile_quietly(text, cflags, progress), b.fallback)
     t0, jobs, cache, note, maps_key, desc = b.t0, b.jobs, b.cache, b.note, b.maps_key, b.desc
-    workers = [j.worker for j in jobs if j.worker]
+    workers = b.workers
     given = {f"-D{m}=1" for j in jobs if j.cached or j.worker for m in j.part.macros}
     bpf = None
     if desc is not None and all(j.cached for j in jobs):
@@ -686,17 +688,17 @@ def release_compiler_memory(maps_path: str = "/proc/self/maps") -> None:
 class _Ahead:
     """A compile begun before it is needed (compile_ahead), taken by the load() it was begun for."""
 
-    def __init__(self, key: tuple, split: tuple[tuple[Part, ...], str], progress, begun: _Begun):
-        self.key, self.split, self.result, self.error, self.begun = key, split, None, None, begun
+    def __init__(self, key: tuple, progress, begun: _Begun):
+        self.key, self.result, self.error, self.begun = key, None, None, begun
         self.thread = threading.Thread(target=self._run, args=(progress,), name="bpf-compile", daemon=True)
 
     def _run(self, progress) -> None:
         try:
-            self.result = _compile(self.key[0], list(self.key[1]), self.split, progress, begun=self.begun)
+            self.result = _compile(self.key[0], list(self.key[1]), self.begun, progress)
         except LoadError as e:
             self.error = e
         except Exception:  # noqa: BLE001 - bcc not importable, say: load() compiles again and reports it
-            _stop_all(j.worker for j in self.begun.jobs if j.worker)
+            _stop_all(self.begun.workers)
 
 
 _ahead: _Ahead | None = None
@@ -732,13 +734,13 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
         return
     key = (unit_source(), tuple(cflags_for(plan, settings)))
     try:
-        job = _Ahead(key, split, progress, _begin(key[0], list(key[1]), split, spawned))
+        job = _Ahead(key, progress, _begin(key[0], list(key[1]), split, spawned))
     except Exception:  # noqa: BLE001 - its workers stopped (_begin): load() compiles and reports what fails
         return
     try:
         job.thread.start()
     except RuntimeError:  # no thread (TasksMax): load() compiles
-        _stop_all(j.worker for j in job.begun.jobs if j.worker)
+        _stop_all(job.begun.workers)
         return
     _ahead = job
 
@@ -793,7 +795,7 @@ def load(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], No
         got = _take_ahead(key)
         if got is None:
             _check_header_tree()
-            got = _compile(key[0], list(key[1]), split_for(plan), progress)
+            got = _compile(key[0], list(key[1]), _begin(key[0], list(key[1]), split_for(plan)), progress)
         bpf, secs, processes = got
     except LoadError as e:
         for spec in enabled:
