@@ -372,6 +372,14 @@ TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 CHURN_MARKED = 3000  # short-lived processes that mark one request each
 CHURN_GPU = 300  # short-lived processes that map a libcuda and make a CUDA sync call
 CHURN_GPU_HOLD = 60  # of those, the ones that live ~1.2 s with an NVIDIA-device fd (fd scans see them)
+# The marking processes are started by shell loops, not by this process's threads: forked from pytest,
+# whose threads then held the GIL around each fork and pipe read, the in-process agent's ring buffer
+# callbacks (one GIL acquisition per record) waited behind them, up to 60 ms a record, and on a busy
+# runner fell >2,000 requests (the 1 MiB ring) behind. A separate agent process has no such neighbour.
+# Paced (~200 requests/s here, as the threads went), since the reader's own throughput is
+# test_event_storm_*'s subject, not this test's.
+CHURN_MARK_LOOPS = 6
+CHURN_MARK_GAP_S = 0.025
 
 
 def exited(pid: int) -> bool:
@@ -451,10 +459,6 @@ def test_process_churn_per_pid_state_returns_to_baseline(cbin, build, inproc, mo
         lost0 = a.health.kernel_lost()
         marked: dict[int, int] = {}  # request id -> pid
 
-        def mark_one(rid: int) -> None:
-            p = subprocess.run([cbin.mark_request, str(rid), TP, "4"], capture_output=True, text=True, check=True)
-            marked[rid] = int(p.stdout)
-
         def gpu_one(hold: bool) -> None:
             p = subprocess.Popen([build.drv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
             gpu_pids.add(p.pid)
@@ -473,11 +477,18 @@ def test_process_churn_per_pid_state_returns_to_baseline(cbin, build, inproc, mo
 
         t0 = time.monotonic()
         base = 0x7100_0000
+        per = CHURN_MARKED // CHURN_MARK_LOOPS
+        loops = [subprocess.Popen(  # each line: "REQUEST_ID PID" (mark_request prints its pid)
+            ["sh", "-c", 'for i in $(seq "$1" "$2"); do p=$("$0" "$i" "$3" 4) || exit 1; echo "$i $p"; sleep "$4"; done',
+             cbin.mark_request, str(base + k * per), str(base + (k + 1) * per - 1), TP, str(CHURN_MARK_GAP_S)],
+            stdout=subprocess.PIPE, text=True) for k in range(CHURN_MARK_LOOPS)]
         with ThreadPoolExecutor(6) as ex:
-            jobs = [ex.submit(gpu_one, i < CHURN_GPU_HOLD) for i in range(CHURN_GPU)]
-            jobs += [ex.submit(mark_one, base + i) for i in range(CHURN_MARKED)]
-            for j in jobs:
+            for j in [ex.submit(gpu_one, i < CHURN_GPU_HOLD) for i in range(CHURN_GPU)]:
                 j.result()
+        for lp in loops:
+            out, _ = lp.communicate(timeout=300)
+            assert lp.returncode == 0, out[-300:]
+            marked.update((int(rid), int(pid)) for rid, pid in (ln.split() for ln in out.splitlines()))
         churn_s = time.monotonic() - t0
         dead = set(marked.values()) | gpu_pids
         assert len(dead) == CHURN_MARKED + CHURN_GPU and all(exited(p) for p in dead)
