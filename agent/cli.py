@@ -177,9 +177,9 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
 
         # after the pipeline's own import, which the attach needs: begun before it, they shared the GIL
         # with it and doubled its time on a start whose compile is short (the H100 host: 0.46 s, alone 0.25)
-        # pynvml: NVML's warm-up then only inits; pyroute2: the NIC watch's, which imports it after the load
+        # pynvml: NVML's warm-up then only inits; pyroute2 waits for the attach (Agent.start)
         imports_behind.start(f"{__package__}.telemetry.otel", *exporters.modules_for(cfg),
-                             *(["pynvml"] if cfg.gpu_enabled else []), *(["pyroute2"] if cfg.nic_enabled else []))
+                             *(["pynvml"] if cfg.gpu_enabled else []))
     except BaseException:  # Ctrl-C, a broken install: fds 1 and 2 restored before the traceback
         loader.drop_ahead()
         raise

@@ -162,6 +162,8 @@ class Agent:
         if not self.loaded:
             raise StartError(f"no BPF program loaded: {reasons}")
         self.bpf = self.loaded[0].bpf
+        if cfg.nic_enabled:  # every probe attached: nothing of the load's left to share the GIL with
+            imports_behind.after_load("pyroute2")
         imports_behind.wait()
         from .. import exporters as exporters_mod
         from ..telemetry.otel import Telemetry
