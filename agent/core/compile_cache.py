@@ -132,6 +132,30 @@ def key(text: str, cflags: list[str], tracepoints: list[str], extra: dict | None
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
+WARM = "warm"  # an entry: the hint of the last start that left every part and the maps here
+
+
+def hint(text: str, cflags: list[str], parts: list) -> str:
+    """What a start can know before importing bcc (key() cannot): the unit, its flags, its split and
+    the kernel. Equal to the last start's stored hint (warm()), every entry is most likely here: the
+    loader then starts no compile worker ahead of the look-ups."""
+    uname = os.uname()
+    return hashlib.sha256(json.dumps([text, cflags, parts, uname.release, uname.version]).encode()).hexdigest()
+
+
+def warm(path: str, h: str) -> bool:
+    """The last start stored h (mark_warm). Never raises: a wrong answer costs time, not correctness,
+    since key() still decides each entry."""
+    try:
+        return (get(path, WARM) or {}).get("hint") == h
+    except (CacheError, OSError):
+        return False
+
+
+def mark_warm(path: str, h: str) -> None:
+    put(path, WARM, {"hint": h})
+
+
 def _libbcc_path() -> str:
     """libbcc's file as loaded (ctypes names it by soname only)."""
     try:

@@ -368,20 +368,25 @@ class _Begun:
     maps_key: str | None = None
     desc: dict | None = None
     fallback: str = ""
+    hint: str = ""  # compile_cache.hint; warm: the last start stored it (so no worker was started ahead)
+    warm: bool = False
 
     @property
     def workers(self) -> list[_Worker]:
         return [j.worker for j in self.jobs if j.worker]
 
 
-def _begin(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], spawned: list[_Worker] | None = None) -> _Begun:
+def _begin(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str], spawned: list[_Worker] | None = None,
+           warm: tuple[str, bool] | None = None) -> _Begun:
     """Look each part up in the compile cache and send the others to workers (spawned: started ahead,
     waiting for a request). compile_ahead runs this before the pipeline's import begins: run in the
     compile thread, each file read gave the GIL to the import and waited up to a switch interval
-    (5 ms) for it back, ~0.1 s on the H100 host before the workers had their parts."""
+    (5 ms) for it back, ~0.1 s on the H100 host before the workers had their parts.
+    warm: (the start's compile_cache.hint, whether the cache holds it), if the caller looked."""
     spare = list(spawned or ())
     b = _Begun(time.monotonic(), [])
     try:
+        b.hint, b.warm = warm or _warm(text, cflags, split)
         return _look_up_and_send(b, text, cflags, split, spare)
     except BaseException:  # ^C, or what the handlers below miss: no worker outlives the start
         _stop_all(spare + b.workers)
@@ -427,6 +432,13 @@ def _look_up_and_send(b: _Begun, text: str, cflags: list[str], split: tuple[tupl
     return b
 
 
+def _warm(text: str, cflags: list[str], split: tuple[tuple[Part, ...], str]) -> tuple[str, bool]:
+    """(the hint, whether the last start left every part and the maps in the compile cache)."""
+    h = compile_cache.hint(text, cflags, [p.macros for p in split[0]])
+    cache = compile_cache.directory()
+    return h, bool(cache and split[0]) and compile_cache.warm(cache, h)
+
+
 def _compile(text: str, cflags: list[str], b: _Begun, progress: Callable[[str], None] | None):
     """(bpf, seconds, how): the unit compiled here, with each part (split_for) taken from the compile
     cache, or compiled in parallel by a compile_worker.py or here, and adopted; anything wrong with a
@@ -451,7 +463,7 @@ def _compile(text: str, cflags: list[str], b: _Begun, progress: Callable[[str], 
             _stop_all(workers)
             raise
     kprobes = kprobe_programs(text)
-    refused, writable = None, True
+    refused, writable, complete = None, True, True  # complete: every part and the maps now in the cache
     try:
         deadline = time.monotonic() + WORKER_TIMEOUT_S
         adopted, checks = {}, []
@@ -479,11 +491,17 @@ def _compile(text: str, cflags: list[str], b: _Begun, progress: Callable[[str], 
                     compile_cache.put(cache, j.key, j.reply)
                 except compile_cache.CacheError as e:
                     writable, note = False, f"; compile cache not written: {e}"
+            complete = complete and (j.cached or (writable and bool(j.key) and not failed))
         if not made and maps_key and writable and desc is None:
             try:  # the maps' description, for the next start whose parts are all cached
                 compile_cache.put(cache, maps_key, {"maps": mapset.describe(bpf.module)})
             except (compile_cache.CacheError, mapset.MapSetError, OSError) as e:
-                note += f"; maps not described for the compile cache: {e}"
+                complete, note = False, note + f"; maps not described for the compile cache: {e}"
+        if cache and writable and complete and maps_key and not b.warm:
+            try:  # the next start (same unit, split and kernel) starts no worker ahead
+                compile_cache.mark_warm(cache, b.hint)
+            except compile_cache.CacheError:
+                pass  # a hint: the next start only starts its workers ahead as before
     except (ValueError, KeyError, TypeError, AttributeError, subprocess.TimeoutExpired) as e:
         _stop_all(workers)
         # the cached part the kernel refused; else any cached part may be the one that no longer fits
@@ -717,9 +735,13 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
     except LoadError:
         return  # load() reports it
     split = split_for(plan)
+    key = (unit_source(), tuple(cflags_for(plan, settings)))
+    warm = _warm(key[0], list(key[1]), split)
     spawned: list[_Worker] = []
-    try:  # the workers first: each imports bcc while this process does (~0.1-0.2 s on the GPU hosts)
-        for p in split[0]:
+    try:  # the workers first: each imports bcc while this process does (~0.1-0.2 s on the GPU hosts);
+        # not when the cache most likely holds every part: started and stopped, six cost the H100 host's
+        # cached start ~0.1 s. _begin starts one for a part it then does not find.
+        for p in split[0] if not warm[1] else ():
             if not p.here:
                 spawned.append(_Worker())
     except OSError:
@@ -732,9 +754,8 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
     except Exception:  # noqa: BLE001 - load() imports it again and reports what fails
         _stop_all(spawned)
         return
-    key = (unit_source(), tuple(cflags_for(plan, settings)))
     try:
-        job = _Ahead(key, progress, _begin(key[0], list(key[1]), split, spawned))
+        job = _Ahead(key, progress, _begin(key[0], list(key[1]), split, spawned, warm))
     except Exception:  # noqa: BLE001 - its workers stopped (_begin): load() compiles and reports what fails
         return
     try:

@@ -366,11 +366,16 @@ def check_adopted(got, plan) -> None:
     assert {s.name for s in apart} <= attached
 
 
+def _stored(cache) -> list:
+    """The cache's entries of parts and maps (not the warm hint)."""
+    return [e for e in cache.glob("*.json") if e.stem != compile_cache.WARM]
+
+
 def _entries(cache) -> tuple[list, list]:
     """The cache's part entries: (the workers' parts', this process's (uprobes) part's), each sorted by
     name. For two and three CPUs only: with six workers a worker's part can hold uprobes alone."""
     kprobes = loader.kprobe_programs(loader.unit_source())
-    entries = sorted(e for e in cache.glob("*.json") if "funcs" in json.loads(e.read_text())["reply"])
+    entries = sorted(e for e in _stored(cache) if "funcs" in json.loads(e.read_text())["reply"])
     here = [e for e in entries if set(json.loads(e.read_text())["reply"]["funcs"]) <= kprobes]
     return [e for e in entries if e not in here], here
 
@@ -472,7 +477,7 @@ def test_with_six_workers_this_process_compiles_the_maps_alone_and_a_cached_star
     finally:
         got.bpf.cleanup()
     kprobes = loader.kprobe_programs(loader.unit_source())
-    entries = [json.loads(e.read_text())["reply"] for e in cache.glob("*.json")]
+    entries = [json.loads(e.read_text())["reply"] for e in _stored(cache)]
     parts = [set(r["funcs"]) for r in entries if "funcs" in r]
     assert len(parts) == n and len(entries) == n + 1 and set().union(*parts) >= kprobes
     assert sum(len(p) for p in parts) == len(set().union(*parts))  # no program in two parts
@@ -506,7 +511,7 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
     got.bpf.cleanup()
     assert got.processes == "3 processes"
     theirs, here = _entries(cache)
-    maps = [e for e in cache.glob("*.json") if e not in theirs + here]
+    maps = [e for e in _stored(cache) if e not in theirs + here]
     assert len(theirs) == 2 and len(here) == 1 and len(maps) == 1 and oct(cache.stat().st_mode & 0o777) == "0o700"
     assert all(oct(e.stat().st_mode & 0o777) == "0o600" for e in theirs + here + maps)
     assert set(json.loads(here[0].read_text())["reply"]["funcs"]) == set(compiled_uprobes) == kprobes
@@ -554,7 +559,7 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
         got.bpf.cleanup()
         assert got.processes.startswith(f"1 process (a part from a worker or the cache: {name}: "), got.processes
         assert "from the compile cache)" in got.processes and not path.exists()
-        assert len(list(cache.glob("*.json"))) == 2  # the parts the kernel still took (the maps' entry went too)
+        assert len(_stored(cache)) == 2  # the parts the kernel still took (the maps' entry went too)
 
     cache.chmod(0o777)
     got, _ = _load(monkeypatch, "1", cache=str(cache))
@@ -573,6 +578,66 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
 
 
 @pytest.mark.bpf
+def test_a_warm_cache_starts_no_worker_ahead_and_a_cold_one_does(monkeypatch, tmp_path):
+    """A start that left every part and the maps in the cache stores its hint; compile_ahead for the
+    same unit, flags and split then starts no worker before its look-ups and the start is all cached;
+    a part gone since is compiled by a worker started then; without the hint, workers start ahead
+    (and stop, their parts cached) and the hint is stored again."""
+    from mcp_hostagent.config import load_config
+
+    made = []
+
+    class Counted(loader._Worker):
+        def __init__(self):
+            made.append(self)
+            super().__init__()
+
+    def ahead_then_load():
+        cfg = load_config(None, env={})
+        plan = probes.plan(cfg.probes_disable, off=probes.switched_off(cfg))
+        made.clear()
+        loader.compile_ahead(plan, loader.bpf_settings(cfg))
+        ahead = len(made)
+        (got,) = loader.load(plan, loader.bpf_settings(cfg))
+        got.bpf.cleanup()
+        return ahead, len(made), got.processes
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    cache = tmp_path / "cache"
+    got, _ = _load(monkeypatch, "1", cache=str(cache))
+    got.bpf.cleanup()
+    assert got.processes == "3 processes"
+    hint = compile_cache.get(str(cache), compile_cache.WARM)["hint"]
+    monkeypatch.setattr(loader, "_Worker", Counted)
+    assert ahead_then_load() == (0, 0, "1 process, 3 parts and the maps from the compile cache")
+    theirs, _ = _entries(cache)
+    theirs[0].unlink()
+    assert ahead_then_load() == (1, 1, "2 processes, 2 parts from the compile cache")  # _begin's, in compile_ahead
+    (cache / f"{compile_cache.WARM}.json").unlink()
+    assert ahead_then_load() == (2, 2, "1 process, 3 parts and the maps from the compile cache")
+    assert all(w.proc.returncode is not None for w in made)  # started ahead, stopped: their parts were cached
+    assert compile_cache.get(str(cache), compile_cache.WARM)["hint"] == hint
+
+
+def test_the_warm_hint_follows_the_unit_flags_split_and_kernel(monkeypatch, tmp_path):
+    h = compile_cache.hint("text", ["-DA=1"], [("MCP_PROBE_A",)])
+    assert h == compile_cache.hint("text", ["-DA=1"], [("MCP_PROBE_A",)])
+    assert len({h, compile_cache.hint("text2", ["-DA=1"], [("MCP_PROBE_A",)]),
+                compile_cache.hint("text", ["-DA=2"], [("MCP_PROBE_A",)]),
+                compile_cache.hint("text", ["-DA=1"], [("MCP_PROBE_A",), ("MCP_PROBE_B",)])}) == 4
+    real = os.uname()
+    monkeypatch.setattr(os, "uname", lambda: type(real)((*real[:2], real.release + "x", *real[3:])))
+    assert compile_cache.hint("text", ["-DA=1"], [("MCP_PROBE_A",)]) != h
+    monkeypatch.undo()
+    cache = str(tmp_path / "c")
+    assert not compile_cache.warm(cache, h)  # no directory
+    compile_cache.mark_warm(cache, h)
+    assert compile_cache.warm(cache, h) and not compile_cache.warm(cache, "other")
+    os.chmod(cache, 0o777)  # a directory others can write: not trusted, not warm, no exception
+    assert not compile_cache.warm(cache, h)
+
+
+@pytest.mark.bpf
 def test_a_maps_entry_the_cache_cannot_trust_leaves_the_maps_compiled(monkeypatch, tmp_path):
     """The maps' description is read under the cache's checks like a part: an entry that is a symlink
     is refused with the reason in the start's line, the maps are compiled, and the start goes on."""
@@ -581,7 +646,7 @@ def test_a_maps_entry_the_cache_cannot_trust_leaves_the_maps_compiled(monkeypatc
     got, _ = _load(monkeypatch, "1", cache=str(cache))
     got.bpf.cleanup()
     theirs, here = _entries(cache)
-    (maps,) = [e for e in cache.glob("*.json") if e not in theirs + here]
+    (maps,) = [e for e in _stored(cache) if e not in theirs + here]
     maps.unlink()
     maps.symlink_to(theirs[0])
     got, plan = _load(monkeypatch, "1", cache=str(cache))
