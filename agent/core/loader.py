@@ -211,7 +211,9 @@ def _compile_quietly(text: str, cflags: list[str], progress: Callable[[str], Non
 # the memory cgroup allow (split_for takes the largest that fits). A group names sources (their
 # tracepoint probes) or probes (the uprobes included); a probe goes to the first group naming it.
 # What no group takes is this process's part ("here"): on two CPUs requests.bpf.c and the uprobes,
-# with six workers nothing but the maps. Every part is kept in the compile cache (compile_cache.py)
+# on more the uprobes. Six workers once took the uprobes too, leaving the maps alone here: on the H100
+# host that compile ended 0.5 s before the slowest worker's, and the two slowest parts were the two
+# with uprobes (2026-12-06, docs/PERFORMANCE.md). Every part is kept in the compile cache (compile_cache.py)
 # with the maps' description: a start whose parts are all cached makes the maps from it (mapset.py)
 # and compiles nothing. Measured: docs/PERFORMANCE.md.
 _HTTP_IN = ("http_read", "http_read_ret", "http_recvfrom", "http_recvfrom_ret", "http_close")
@@ -220,8 +222,7 @@ WORKER_GROUPS = {
     2: (("requests.bpf.c", "reclaim.bpf.c"), ("http.bpf.c", "cuda.bpf.c", "health.bpf.c")),
     4: (("requests.bpf.c",), ("reclaim.bpf.c", "cuda.bpf.c", "health.bpf.c"), _HTTP_IN, ("http.bpf.c",)),
     6: (("marker", "sched_switch", "sched_wakeup"), ("requests.bpf.c",), _HTTP_IN, ("http.bpf.c",),
-        ("cuda_launch", "cuda_graph", "cuda_ctx", "reclaim.bpf.c"),
-        ("cuda_sync", "cuda_alloc", "cuda_free", "cuda.bpf.c", "health.bpf.c")),
+        ("reclaim.bpf.c",), ("cuda.bpf.c", "health.bpf.c")),
 }
 SPLIT_ENV = "MCP_HOSTAGENT_COMPILE_SPLIT"  # "0": one compile process (bench_startup compares the two)
 BPF_LD_IMM64, BPF_PSEUDO_MAP_FD = 0x18, 1  # include/uapi/linux/bpf.h
@@ -241,8 +242,7 @@ WORKER_MEMORY = 64 << 20
 class Part:
     """A share of the unit compiled apart and kept in the compile cache: its probes' macros and their
     tracepoints (the cache key's). A worker process compiles it, or with here=True this process does
-    (what no worker group takes: with fewer than six workers, the uprobes among it), when the cache
-    has no entry for it."""
+    (what no worker group takes: the uprobes among it), when the cache has no entry for it."""
     macros: tuple[str, ...]
     tracepoints: tuple[str, ...]
     here: bool = False

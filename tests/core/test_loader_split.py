@@ -110,15 +110,15 @@ def test_each_probe_is_in_one_part_the_first_group_naming_it(monkeypatch, cpus, 
     for p in parts:
         assert p.tracepoints == tuple(by_macro[m].tracepoint for m in p.macros if by_macro[m].kind != "uprobe")
     # this process's part, compiled here unless cached: what no group takes. On two CPUs
-    # requests.bpf.c (the halves' balance) and the uprobes; with six workers, nothing (the maps alone)
+    # requests.bpf.c (the halves' balance) and the uprobes; on more, the uprobes
     left = {by_macro[m].program if by_macro[m].kind != "uprobe" else "uprobe" for p in here for m in p.macros}
-    assert left == {1: {"requests.bpf.c", "uprobe"}, 2: {"uprobe"}, 4: {"uprobe"}, 6: set()}[workers]
-    assert len(here) == (workers < 6)
+    assert left == {1: {"requests.bpf.c", "uprobe"}, 2: {"uprobe"}, 4: {"uprobe"}, 6: {"uprobe"}}[workers]
+    assert len(here) == 1
 
 
 def test_six_workers_split_the_default_probes_thus(monkeypatch):
     """The level-6 partition written out, so that a mistake in the first-group rule shows: requests.bpf.c
-    and http.bpf.c split in two each, the uprobes in two halves beside reclaim and the rest."""
+    and http.bpf.c split in two each, reclaim, cuda's and health's tracepoints, and the uprobes here."""
     monkeypatch.setenv(loader.SPLIT_ENV, "1")
     monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
@@ -134,9 +134,11 @@ def test_six_workers_split_the_default_probes_thus(monkeypatch):
                and s.name not in ("marker", "sched_switch", "sched_wakeup")),
         http_in,
         sorted(s.name for s in probes.PROBES if s.program == "http.bpf.c" and s.name not in http_in),
-        sorted(["cuda_launch", "cuda_graph", "cuda_ctx"] + reclaim),
-        sorted(["cuda_sync", "cuda_alloc", "cuda_free", "nvidia_ioctl", "cuda_exec", "cuda_thread_exit"] + health),
+        sorted(reclaim),
+        sorted(["nvidia_ioctl", "cuda_exec", "cuda_thread_exit"] + health),
+        sorted(["cuda_launch", "cuda_graph", "cuda_ctx", "cuda_sync", "cuda_alloc", "cuda_free"]),
     ]
+    assert [p.here for p in loader.split_for(plan)[0]] == [False] * 6 + [True]
 
 
 class _FakeWorker:
@@ -373,7 +375,7 @@ def _stored(cache) -> list:
 
 def _entries(cache) -> tuple[list, list]:
     """The cache's part entries: (the workers' parts', this process's (uprobes) part's), each sorted by
-    name. For two and three CPUs only: with six workers a worker's part can hold uprobes alone."""
+    name."""
     kprobes = loader.kprobe_programs(loader.unit_source())
     entries = sorted(e for e in _stored(cache) if "funcs" in json.loads(e.read_text())["reply"])
     here = [e for e in entries if set(json.loads(e.read_text())["reply"]["funcs"]) <= kprobes]
@@ -383,8 +385,7 @@ def _entries(cache) -> tuple[list, list]:
 @pytest.mark.bpf
 @pytest.mark.parametrize("cpus", [2, 3, 16])
 def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path, cpus):
-    """Also: started from a directory holding a planted worker module, the agent runs its own. With
-    six workers the uprobe programs come from workers too (loaded here as kprobe-type by the check)."""
+    """Also: started from a directory holding a planted worker module, the agent runs its own."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))  # on fewer CPUs too (only slower)
     monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
     planted = tmp_path / "mcp_hostagent" / "core"
@@ -458,25 +459,26 @@ def test_on_two_cpus_this_processs_part_is_cached_too(monkeypatch, tmp_path):
 
 
 @pytest.mark.bpf
-def test_with_six_workers_this_process_compiles_the_maps_alone_and_a_cached_start_nothing(monkeypatch, tmp_path):
-    """On many CPUs every probe, the uprobes included, is a worker's: this process's own compile holds
-    no program, six parts and the maps are cached, and a cached start makes the maps and adopts every
-    program, with the probes' states those of a one-process compile."""
+def test_with_six_workers_this_process_compiles_the_maps_and_uprobes_and_a_cached_start_nothing(monkeypatch, tmp_path):
+    """On many CPUs six workers take every tracepoint probe and this process's own compile holds the
+    uprobes alone; the six parts, this process's and the maps are cached, and a cached start makes
+    the maps and adopts every program, with the probes' states those of a one-process compile."""
     from bcc import libbcc
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
     cache = tmp_path / "cache"
     got, plan = _load(monkeypatch, "1", cache=str(cache))
-    n = len(loader.split_for(plan)[0])  # 6 where every default probe's hook exists
+    n = len(loader.split_for(plan)[0])  # 7 where every default probe's hook exists: six workers' and here
+    kprobes = loader.kprobe_programs(loader.unit_source())
     try:
-        assert n >= 4 and not any(p.here for p in loader.split_for(plan)[0])
-        assert got.processes == f"{1 + n} processes", got.processes
-        assert libbcc.lib.bpf_num_functions(got.bpf.module) == 0
+        assert n >= 5 and [p.here for p in loader.split_for(plan)[0]] == [False] * (n - 1) + [True]
+        assert got.processes == f"{n} processes", got.processes
+        assert libbcc.lib.bpf_num_functions(got.bpf.module) == len(kprobes)
+        assert all(loader._compiled_here(got.bpf, k.encode()) for k in kprobes)
         check_adopted(got, plan)
     finally:
         got.bpf.cleanup()
-    kprobes = loader.kprobe_programs(loader.unit_source())
     entries = [json.loads(e.read_text())["reply"] for e in _stored(cache)]
     parts = [set(r["funcs"]) for r in entries if "funcs" in r]
     assert len(parts) == n and len(entries) == n + 1 and set().union(*parts) >= kprobes
