@@ -739,8 +739,8 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
     warm = _warm(key[0], list(key[1]), split)
     spawned: list[_Worker] = []
     try:  # the workers first: each imports bcc while this process does (~0.1-0.2 s on the GPU hosts);
-        # not when the cache most likely holds every part: started and stopped, six cost the H100 host's
-        # cached start ~0.1 s. _begin starts one for a part it then does not find.
+        # not when the cache most likely holds every part: they would be started and stopped for nothing
+        # (docs/PERFORMANCE.md). _begin starts one for a part it then does not find.
         for p in split[0] if not warm[1] else ():
             if not p.here:
                 spawned.append(_Worker())
