@@ -207,6 +207,7 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
             loader.drop_ahead()  # a start that failed before the load: fds 1 and 2 restored before printing
             sys.setswitchinterval(switch)
             imports_behind.wait()  # done on success (Agent.start waited); on failure, before the error line
+            imports_behind.wait_after_load()
     except StartError as e:
         progress.clear()
         notifier.notify(f"STATUS=failed to start: {e}")

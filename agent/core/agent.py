@@ -192,6 +192,7 @@ class Agent:
                          rejected=self.health.rejected, proc_root=self.proc_root, tree=cfg.requests_group == "tree")
         self.cuda_cap.root_of = self.http.root_of  # a tree group's GPU steps (requests.group = tree)
         self.routes = self._route_table()
+        imports_behind.wait_after_load()  # pyroute2, for the NIC watch
         sources = [*self.gpu.start(bpf_xid=self.health.probes.get("gpu_xid") == probes.ATTACHED),
                    *self.pcie.start(enabled=cfg.gpu_enabled), *self.nic.start(),
                    *self.numa.start(self.bpf, switch_attached=self.health.probes.get("sched_switch") == probes.ATTACHED,

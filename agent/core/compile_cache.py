@@ -1,7 +1,9 @@
 """The compile workers' replies, kept on disk: a later start with the same unit, flags, bcc, kernel,
 header tree and tracepoint formats loads them instead of running LLVM again for that part. The maps'
 description (core/mapset.py) is an entry too, keyed by the flags without the probe macros and the
-possible CPUs: with it, a start whose parts are all cached runs no compile.
+possible CPUs: with it, a start whose parts are all cached runs no compile. One more entry, the
+warm hint (WARM), tells a start before bcc is imported that the last one left every part here, so
+that it starts no compile worker ahead of the look-ups (loader.compile_ahead).
 
 A reply is what core/compile_worker.py prints: programs' instructions naming the worker's map fds by
 table name, rewritten to the agent's maps at each load (loader._rebind_maps), so it holds no fd or
@@ -33,7 +35,7 @@ from .kernel import DEBUGFS, TRACEFS
 
 ENV = "MCP_HOSTAGENT_COMPILE_CACHE"  # a directory, or "off"
 DEFAULT_DIR = "/var/cache/mcp-hostagent/bpf"
-MAX_ENTRIES = 32  # one per part (6 at most: loader.WORKER_GROUPS; a reload with less memory may take 4) and the maps' per unit version and kernel; older dropped
+MAX_ENTRIES = 32  # per unit version and kernel: one per part (7 at most: six workers' and this process's, loader.WORKER_GROUPS; a reload with less memory may take 5), the maps' and the warm hint; older dropped
 TRACEFS_ROOTS = (TRACEFS, f"{DEBUGFS}/tracing")  # where bcc reads formats
 
 
@@ -148,7 +150,7 @@ def warm(path: str, h: str) -> bool:
     since key() still decides each entry."""
     try:
         return (get(path, WARM) or {}).get("hint") == h
-    except (CacheError, OSError):
+    except Exception:  # noqa: BLE001 - CacheError, OSError, a RecursionError from a hostile entry: not warm
         return False
 
 

@@ -21,6 +21,7 @@ import importlib
 import threading
 
 _thread: threading.Thread | None = None
+_after: threading.Thread | None = None  # after_load's
 
 
 def start(*modules: str) -> None:
@@ -43,8 +44,9 @@ def start(*modules: str) -> None:
 
 
 def after_load(module: str) -> None:
-    """Import module in a thread nobody joins: its user imports it again and, through the module's
-    import lock, waits for this one to end. A failure is left to that import, which reports it."""
+    """Import module in a thread of its own; wait_after_load() joins it. A failure is left to the
+    module's user, whose own import reports it."""
+    global _after
 
     def run():
         try:
@@ -52,10 +54,19 @@ def after_load(module: str) -> None:
         except BaseException:  # noqa: BLE001 - reported by the import that follows
             pass
 
+    t = threading.Thread(target=run, name="mcp-import-after-load", daemon=True)
     try:
-        threading.Thread(target=run, name="mcp-import-after-load", daemon=True).start()
+        t.start()
     except RuntimeError:  # no thread (TasksMax): its user imports it
-        pass
+        return
+    _after = t
+
+
+def wait_after_load() -> None:
+    """Before its user starts (the NIC watch, whose 5 s to come up must not include the import), and
+    before a failed start's error line."""
+    if _after is not None:
+        _after.join()
 
 
 def wait() -> None:

@@ -278,7 +278,7 @@ def split_for(plan: ProbePlan) -> tuple[tuple[Part, ...], str]:
              for i in sorted(taken)]
     if not parts:
         return (), "1 process"
-    # What no worker takes is this process's part. Cached too, so a cached start compiles maps only.
+    # What no worker takes is this process's part. Cached too, so a cached start compiles nothing.
     side = {m for p in parts for m in p.macros}
     rest = [s for s in plan.enabled() if s.macro not in side]
     here = Part(tuple(s.macro for s in rest), tuple(s.tracepoint for s in rest if s.kind != "uprobe"), here=True)
@@ -502,6 +502,8 @@ def _compile(text: str, cflags: list[str], b: _Begun, progress: Callable[[str], 
                 compile_cache.mark_warm(cache, b.hint)
             except compile_cache.CacheError:
                 pass  # a hint: the next start only starts its workers ahead as before
+        elif cache and b.warm and not complete:  # a part the cache will not hold (yet): workers ahead again
+            compile_cache.drop(cache, compile_cache.WARM)
     except (ValueError, KeyError, TypeError, AttributeError, subprocess.TimeoutExpired) as e:
         _stop_all(workers)
         # the cached part the kernel refused; else any cached part may be the one that no longer fits
@@ -510,6 +512,8 @@ def _compile(text: str, cflags: list[str], b: _Begun, progress: Callable[[str], 
                 compile_cache.drop(cache, j.key)
         if made:
             compile_cache.drop(cache, maps_key)
+        if cache:
+            compile_cache.drop(cache, compile_cache.WARM)
         bpf.cleanup()
         bpf, _ = _compile_quietly(text, cflags, progress)
         return bpf, time.monotonic() - t0, f"1 process (a part from a worker or the cache: {e})"

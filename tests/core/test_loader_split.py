@@ -542,10 +542,12 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
     entry = json.loads(theirs[1].read_text())
     entry["reply"]["maps"] = {fd: "no_such_table" for fd in entry["reply"]["maps"]}
     theirs[1].write_text(json.dumps(entry))
+    assert compile_cache.warm(str(cache), compile_cache.get(str(cache), compile_cache.WARM)["hint"])
     got, _ = _load(monkeypatch, "1", cache=str(cache))
     got.bpf.cleanup()
     assert got.processes.startswith("1 process (a part from a worker or the cache: "), got.processes
     assert "no_such_table" in got.processes and not theirs[1].exists()
+    assert compile_cache.get(str(cache), compile_cache.WARM) is None  # the next start's workers begin ahead
 
     # a cached program the kernel refuses (here: exit with r0 unset), a tracepoint's or a uprobe's
     # (checked as a kprobe program): dropped, all compiled here
@@ -605,6 +607,7 @@ def test_a_warm_cache_starts_no_worker_ahead_and_a_cold_one_does(monkeypatch, tm
         return ahead, len(made), got.processes
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: None)  # two workers whatever this runner's cgroup
     cache = tmp_path / "cache"
     got, _ = _load(monkeypatch, "1", cache=str(cache))
     got.bpf.cleanup()

@@ -477,18 +477,27 @@ def test_process_churn_per_pid_state_returns_to_baseline(cbin, build, inproc, mo
 
         t0 = time.monotonic()
         base = 0x7100_0000
+        assert CHURN_MARKED % CHURN_MARK_LOOPS == 0
         per = CHURN_MARKED // CHURN_MARK_LOOPS
-        loops = [subprocess.Popen(  # each line: "REQUEST_ID PID" (mark_request prints its pid)
-            ["sh", "-c", 'for i in $(seq "$1" "$2"); do p=$("$0" "$i" "$3" 4) || exit 1; echo "$i $p"; sleep "$4"; done',
-             cbin.mark_request, str(base + k * per), str(base + (k + 1) * per - 1), TP, str(CHURN_MARK_GAP_S)],
-            stdout=subprocess.PIPE, text=True) for k in range(CHURN_MARK_LOOPS)]
-        with ThreadPoolExecutor(6) as ex:
-            for j in [ex.submit(gpu_one, i < CHURN_GPU_HOLD) for i in range(CHURN_GPU)]:
-                j.result()
-        for lp in loops:
-            out, _ = lp.communicate(timeout=300)
-            assert lp.returncode == 0, out[-300:]
-            marked.update((int(rid), int(pid)) for rid, pid in (ln.split() for ln in out.splitlines()))
+        loops = []
+        try:
+            for k in range(CHURN_MARK_LOOPS):  # each line: "REQUEST_ID PID" (mark_request prints its pid)
+                loops.append(subprocess.Popen(
+                    ["sh", "-c", 'for i in $(seq "$1" "$2"); do p=$("$0" "$i" "$3" 4) || exit 1; echo "$i $p"; sleep "$4"; done',
+                     cbin.mark_request, str(base + k * per), str(base + (k + 1) * per - 1), TP, str(CHURN_MARK_GAP_S)],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            with ThreadPoolExecutor(6) as ex:
+                for j in [ex.submit(gpu_one, i < CHURN_GPU_HOLD) for i in range(CHURN_GPU)]:
+                    j.result()
+            for lp in loops:
+                out, _ = lp.communicate(timeout=300)
+                assert lp.returncode == 0, out[-300:]
+                marked.update((int(rid), int(pid)) for rid, pid in (ln.split() for ln in out.splitlines()))
+        finally:  # a failure above must not leave loops marking requests into the next tests
+            for lp in loops:
+                if lp.poll() is None:
+                    lp.kill()
+                    lp.wait()
         churn_s = time.monotonic() - t0
         dead = set(marked.values()) | gpu_pids
         assert len(dead) == CHURN_MARKED + CHURN_GPU and all(exited(p) for p in dead)
