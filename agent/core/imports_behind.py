@@ -24,42 +24,36 @@ _thread: threading.Thread | None = None
 _after: threading.Thread | None = None  # after_load's
 
 
-def start(*modules: str) -> None:
-    """A module that fails to import is left to the importer in Agent.start, which reports it."""
-    global _thread
+def _begin(name: str, modules: tuple[str, ...]) -> threading.Thread | None:
+    """The modules imported in order in a thread; None where none can start (TasksMax), and their
+    users import them, as without this module. A module that fails to import ends the thread: its
+    user's own import reports it."""
 
     def run():
         for m in modules:
             try:
                 importlib.import_module(m)
-            except BaseException:  # noqa: BLE001 - reported by the import that follows in Agent.start
+            except BaseException:  # noqa: BLE001 - reported by the import that follows
                 return
 
-    t = threading.Thread(target=run, name="mcp-import-behind", daemon=True)
+    t = threading.Thread(target=run, name=name, daemon=True)
     try:
         t.start()
-    except RuntimeError:  # no thread (TasksMax): Agent.start imports them, as without this module
-        return
-    _thread = t
+    except RuntimeError:
+        return None
+    return t
+
+
+def start(*modules: str) -> None:
+    """Joined by wait(); Agent.start imports them after it."""
+    global _thread
+    _thread = _begin("mcp-import-behind", modules)
 
 
 def after_load(module: str) -> None:
-    """Import module in a thread of its own; wait_after_load() joins it. A failure is left to the
-    module's user, whose own import reports it."""
+    """Joined by wait_after_load()."""
     global _after
-
-    def run():
-        try:
-            importlib.import_module(module)
-        except BaseException:  # noqa: BLE001 - reported by the import that follows
-            pass
-
-    t = threading.Thread(target=run, name="mcp-import-after-load", daemon=True)
-    try:
-        t.start()
-    except RuntimeError:  # no thread (TasksMax): its user imports it
-        return
-    _after = t
+    _after = _begin("mcp-import-after-load", (module,))
 
 
 def wait_after_load() -> None:
