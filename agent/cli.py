@@ -134,7 +134,8 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
     the probes are attached, WATCHDOG=1 every status tick.
 
     Start-up compiles the BPF programs with LLVM, in worker processes beside this one where there are
-    CPUs and memory for them (MCP_HOSTAGENT_COMPILE_SPLIT=0: one process), and keeps the workers'
+    CPUs, CPU quota and memory for them (MCP_HOSTAGENT_COMPILE_SPLIT=0: one process; =N: at most N
+    workers, where a container hides its limits from the agent), and keeps the workers'
     programs in /var/cache/mcp-hostagent/bpf for the next start on this kernel
     (MCP_HOSTAGENT_COMPILE_CACHE: another directory, or off).
     """

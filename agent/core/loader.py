@@ -207,7 +207,7 @@ def _compile_quietly(text: str, cflags: list[str], progress: Callable[[str], Non
 # Parts of the unit compile in worker processes (compile_worker.py) while this one compiles the
 # rest: LLVM is most of start-up and libbcc runs one compile per process. Each compile pays a fixed
 # prelude (bcc's helpers and the kernel headers: 0.58 s of a 1.1 s part on this VM, docs/PERFORMANCE.md),
-# so more parts shorten the slowest only down to that: groups by the number of workers the CPUs and
+# so more parts shorten the slowest only down to that: groups by the number of workers the CPUs, their quota and
 # the memory cgroup allow (split_for takes the largest that fits). A group names sources (their
 # tracepoint probes) or probes (the uprobes included); a probe goes to the first group naming it.
 # What no group takes is this process's part ("here"): on two CPUs requests.bpf.c and the uprobes,
@@ -224,7 +224,7 @@ WORKER_GROUPS = {
     6: (("marker", "sched_switch", "sched_wakeup"), ("requests.bpf.c",), _HTTP_IN, ("http.bpf.c",),
         ("reclaim.bpf.c",), ("cuda.bpf.c", "health.bpf.c")),
 }
-SPLIT_ENV = "MCP_HOSTAGENT_COMPILE_SPLIT"  # "0": one compile process (bench_startup compares the two)
+SPLIT_ENV = "MCP_HOSTAGENT_COMPILE_SPLIT"  # "0": one compile process (bench_startup compares the two); "N": at most N workers
 BPF_LD_IMM64, BPF_PSEUDO_MAP_FD = 0x18, 1  # include/uapi/linux/bpf.h
 WORKER_TIMEOUT_S = 60.0  # after this process's own compile: far above any compile seen (~2.5 s)
 # A program whose context is struct pt_regs is kprobe-type (bpf/cuda.bpf.c's uprobes); every other
@@ -254,15 +254,27 @@ def kprobe_programs(text: str) -> set[str]:
 
 def split_for(plan: ProbePlan) -> tuple[tuple[Part, ...], str]:
     """(the parts, ""), or ((), why the unit compiles in one process)."""
-    if os.environ.get(SPLIT_ENV, "1") == "0":
+    want = os.environ.get(SPLIT_ENV, "").strip()
+    if want and not want.isdigit():
+        return (), f"1 process ({SPLIT_ENV}={want[:20]!r} is not a number of workers)"
+    if want and not int(want):
         return (), f"1 process ({SPLIT_ENV}=0)"
     cpus = len(os.sched_getaffinity(0))
+    quota = cpu_quota()
+    if quota is not None and int(quota) < cpus:
+        # workers share the quota with this process and each pays the compile's prelude again: under
+        # a quota of one CPU the split took 2.98 s against 2.17 in one process (docs/PERFORMANCE.md)
+        cpus = int(quota)
+        if cpus < 2:
+            return (), f"1 process (a CPU quota of {quota:.2g} CPUs)"
     if cpus < 2:
         return (), "1 process (one CPU)"
     if sys.byteorder != "little":  # _rebind_maps reads the instructions' immediates as little-endian
         return (), "1 process (big-endian host)"
+    workers = min(cpus - 1, max(WORKER_GROUPS), int(want) if want else max(WORKER_GROUPS))
+    if not want and limits_hidden():
+        return (), f"1 process (its cgroup's CPU and memory limits are hidden from it; {SPLIT_ENV}=N allows N workers)"
     left = memcg_headroom()
-    workers = min(cpus - 1, max(WORKER_GROUPS))
     if left is not None:
         workers = min(workers, max(0, (left - START_MEMORY) // WORKER_MEMORY))
         if not workers:
@@ -294,35 +306,99 @@ def _read_limit(path: str) -> int | None:
     return int(v) if v.isdigit() else None  # "max": none
 
 
+def _hierarchies(controller: str, proc_cgroup: str, root: str) -> list[tuple[str, str, bool]]:
+    """(mount point, this process's path in it, v2?) of the hierarchies that may hold controller's
+    files for this process: the unified one (v2, or hybrid's /sys/fs/cgroup/unified) and a v1 one
+    whose /proc/self/cgroup line names the controller."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            base = root if os.path.isfile(os.path.join(root, "cgroup.controllers")) else os.path.join(root, "unified")
+            found.append((base, path, True))
+        elif controller in controllers.split(","):
+            # systemd links cpu -> cpu,cpuacct; without it the mount is named by the line's controllers
+            base = os.path.join(root, controller)
+            found.append((base if os.path.isdir(base) else os.path.join(root, controllers), path, False))
+    return found
+
+
+def _up(base: str, path: str):
+    """This process's cgroup directory in a hierarchy, then each parent up to its root."""
+    parts = [p for p in path.split("/") if p and p != ".."]
+    for i in range(len(parts), -1, -1):
+        yield os.path.join(base, *parts[:i])
+
+
 def memcg_headroom(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
     """Bytes this process's memory cgroup may still charge before the lowest limit on its way to the
     root (v2 memory.high and memory.max against memory.current, v1 memory.limit_in_bytes against
     memory.usage_in_bytes: a systemd unit's MemoryHigh/MemoryMax, a slice's, a container's); None
     where nothing is limited or readable."""
-    try:
-        with open(proc_cgroup) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    levels = []
-    for line in lines:
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if controllers == "":  # v2: unified, or hybrid's /sys/fs/cgroup/unified (no memory controller there)
-            base = root if os.path.isfile(os.path.join(root, "cgroup.controllers")) else os.path.join(root, "unified")
-            levels.append((base, path, ("memory.high", "memory.max"), "memory.current"))
-        elif "memory" in controllers.split(","):
-            levels.append((os.path.join(root, "memory"), path, ("memory.limit_in_bytes",), "memory.usage_in_bytes"))
     best = None
-    for base, path, limits, usage in levels:
-        parts = [p for p in path.split("/") if p and p != ".."]
-        for i in range(len(parts), -1, -1):
-            d = os.path.join(base, *parts[:i])
+    for base, path, v2 in _hierarchies("memory", proc_cgroup, root):
+        limits, usage = (("memory.high", "memory.max"), "memory.current") if v2 else \
+            (("memory.limit_in_bytes",), "memory.usage_in_bytes")
+        for d in _up(base, path):
             lims = [v for v in (_read_limit(os.path.join(d, f)) for f in limits) if v is not None]
             used = _read_limit(os.path.join(d, usage))
             if lims and used is not None:
                 left = max(0, min(lims) - used)
                 best = left if best is None else min(best, left)
     return best
+
+
+def _read_words(path: str) -> list[str]:
+    try:
+        with open(path) as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs' worth of run time per period the lowest CFS quota on the way to the root allows (v2
+    cpu.max "quota period", "max" for none; v1 cpu.cfs_quota_us / cpu.cfs_period_us, -1 for none):
+    a container's CPU limit, a unit's CPUQuota. None where nothing is limited or readable."""
+    best = None
+    for base, path, v2 in _hierarchies("cpu", proc_cgroup, root):
+        for d in _up(base, path):
+            if v2:
+                w = _read_words(os.path.join(d, "cpu.max"))
+            else:
+                w = _read_words(os.path.join(d, "cpu.cfs_quota_us")) + _read_words(os.path.join(d, "cpu.cfs_period_us"))
+            if len(w) == 2 and w[0].isdigit() and w[1].isdigit() and int(w[1]):
+                q = int(w[0]) / int(w[1])
+                best = q if best is None else min(best, q)
+    return best
+
+
+def limits_hidden(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup",
+                  ns: tuple[str, str] = ("/proc/self/ns/cgroup", "/proc/1/ns/cgroup")) -> bool:
+    """True where this process is in a cgroup namespace of its own (its cgroup reads as "/") while
+    root holds the node's hierarchy, not the namespace's: a container that mounts the node's
+    /sys/fs/cgroup over its own (the DaemonSet does, for the marking processes' cgroups). "/" then
+    names the node's root, and the container's CPU and memory limits cannot be read. The node's
+    root is known by the kernel's files only a root has: v2 has no cgroup.type there, v1 shows
+    release_agent there alone. pid 1 is the node's init under hostPID; in the container's own pid
+    namespace it shares our cgroup namespace and this says False (its /sys/fs/cgroup is then
+    usually its own)."""
+    try:
+        if os.readlink(ns[0]) == os.readlink(ns[1]):
+            return False
+    except OSError:
+        return False
+    for base, path, v2 in _hierarchies("memory", proc_cgroup, root):
+        if path.strip("/") == "":
+            if os.path.isdir(base) and (not os.path.exists(os.path.join(base, "cgroup.type")) if v2
+                                        else os.path.exists(os.path.join(base, "release_agent"))):
+                return True
+    return False
 
 
 def _rebind_maps(name: str, insns: bytearray, worker_maps: dict[str, str], fd_of: Callable[[str], int]) -> None:

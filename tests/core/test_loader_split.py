@@ -21,6 +21,15 @@ import pytest
 from mcp_hostagent.core import compile_cache, compile_worker, loader, probes
 
 BPF_OBJ_GET_INFO_BY_FD = 15  # include/uapi/linux/bpf.h enum bpf_cmd
+CPU_QUOTA, LIMITS_HIDDEN = loader.cpu_quota, loader.limits_hidden  # before the fixture below replaces them
+
+
+@pytest.fixture(autouse=True)
+def _no_cpu_quota(monkeypatch):
+    """The worker counts below are this module's, whatever CPU quota or cgroup namespace the runner
+    has (the tests of those two call the originals above)."""
+    monkeypatch.setattr(loader, "cpu_quota", lambda: None)
+    monkeypatch.setattr(loader, "limits_hidden", lambda: False)
 _libc = ctypes.CDLL(None, use_errno=True)
 _NR_BPF = 321  # x86_64
 
@@ -91,7 +100,7 @@ def _macros(parts) -> set[str]:
 
 @pytest.mark.parametrize("cpus,workers", [(2, 1), (3, 2), (4, 2), (5, 4), (7, 6), (16, 6), (128, 6)])
 def test_each_probe_is_in_one_part_the_first_group_naming_it(monkeypatch, cpus, workers):
-    monkeypatch.setenv(loader.SPLIT_ENV, "1")
+    monkeypatch.delenv(loader.SPLIT_ENV, raising=False)
     monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
     plan = _plan()
@@ -119,7 +128,7 @@ def test_each_probe_is_in_one_part_the_first_group_naming_it(monkeypatch, cpus, 
 def test_six_workers_split_the_default_probes_thus(monkeypatch):
     """The level-6 partition written out, so that a mistake in the first-group rule shows: requests.bpf.c
     and http.bpf.c split in two each, reclaim, cuda's and health's tracepoints, and the uprobes here."""
-    monkeypatch.setenv(loader.SPLIT_ENV, "1")
+    monkeypatch.delenv(loader.SPLIT_ENV, raising=False)
     monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     plan = _plan()
@@ -242,7 +251,7 @@ def test_one_process_on_one_cpu_when_asked_or_short_of_memory(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.setenv(loader.SPLIT_ENV, "0")
     assert loader.split_for(_plan()) == ((), "1 process (MCP_HOSTAGENT_COMPILE_SPLIT=0)")
-    monkeypatch.setenv(loader.SPLIT_ENV, "1")
+    monkeypatch.delenv(loader.SPLIT_ENV)
     workers = lambda: [p for p in loader.split_for(_plan())[0] if not p.here]  # noqa: E731
     assert len(workers()) == 6
     # room for five workers, not six: the four-worker grouping; for one, not two: the two-CPU one
@@ -253,6 +262,134 @@ def test_one_process_on_one_cpu_when_asked_or_short_of_memory(monkeypatch):
     monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.START_MEMORY + loader.WORKER_MEMORY - 1)
     side, why = loader.split_for(_plan())
     assert side == () and "memory cgroup" in why
+
+
+def test_a_cpu_quota_a_worker_cap_or_hidden_limits_take_fewer_workers(monkeypatch):
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.delenv(loader.SPLIT_ENV, raising=False)
+    workers = lambda: [p for p in loader.split_for(_plan())[0] if not p.here]  # noqa: E731
+    # a quota counts as its whole CPUs: 2.5 CPUs, one worker beside this process (the two-CPU grouping)
+    monkeypatch.setattr(loader, "cpu_quota", lambda: 2.5)
+    assert len(workers()) == 1
+    monkeypatch.setattr(loader, "cpu_quota", lambda: 1.5)
+    assert loader.split_for(_plan()) == ((), "1 process (a CPU quota of 1.5 CPUs)")
+    monkeypatch.setattr(loader, "cpu_quota", lambda: 0.2)
+    assert loader.split_for(_plan()) == ((), "1 process (a CPU quota of 0.2 CPUs)")
+    monkeypatch.setattr(loader, "cpu_quota", lambda: 64.0)  # above the CPUs it may run on: those count
+    assert len(workers()) == 6
+    # limits it cannot read: one process unless told how many workers
+    monkeypatch.setattr(loader, "limits_hidden", lambda: True)
+    side, why = loader.split_for(_plan())
+    assert side == () and "hidden" in why and loader.SPLIT_ENV + "=N" in why
+    for n, expect in (("2", 2), ("4", 4), ("9", 6), ("1", 1)):
+        monkeypatch.setenv(loader.SPLIT_ENV, n)
+        assert len(workers()) == expect, n
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.START_MEMORY + loader.WORKER_MEMORY)  # still counts
+    monkeypatch.setenv(loader.SPLIT_ENV, "4")
+    assert len(workers()) == 1
+    for bad, why in (("00", "1 process (MCP_HOSTAGENT_COMPILE_SPLIT=0)"),
+                     ("two", "1 process (MCP_HOSTAGENT_COMPILE_SPLIT='two' is not a number of workers)"),
+                     ("-1", "1 process (MCP_HOSTAGENT_COMPILE_SPLIT='-1' is not a number of workers)")):
+        monkeypatch.setenv(loader.SPLIT_ENV, bad)
+        assert loader.split_for(_plan()) == ((), why)
+
+
+def test_cpu_quota_is_the_lowest_on_the_way_up_v2_and_v1(tmp_path):
+    root = tmp_path / "cg"
+    _cg(root, "", **{"cgroup.controllers": "cpu memory"})
+    _cg(root, "kubepods.slice", cpu_max="max 100000")
+    _cg(root, "kubepods.slice/pod1", cpu_max="300000 100000")
+    _cg(root, "kubepods.slice/pod1/ctr", cpu_max="max 100000")
+    (tmp_path / "cgroup").write_text("0::/kubepods.slice/pod1/ctr\n")
+    assert CPU_QUOTA(str(tmp_path / "cgroup"), str(root)) == 3.0
+    _cg(root, "kubepods.slice/pod1/ctr", cpu_max="50000 100000")
+    assert CPU_QUOTA(str(tmp_path / "cgroup"), str(root)) == 0.5
+    (tmp_path / "cgroup").write_text("0::/kubepods.slice\n")
+    assert CPU_QUOTA(str(tmp_path / "cgroup"), str(root)) is None
+    # v1, with systemd's cpu -> cpu,cpuacct link and without it
+    v1 = tmp_path / "v1"
+    _cg(v1, "cpu,cpuacct/box", cpu_cfs_quota_us=150000, cpu_cfs_period_us=100000)
+    _cg(v1, "cpu,cpuacct", cpu_cfs_quota_us=-1, cpu_cfs_period_us=100000)
+    (tmp_path / "cgroup").write_text("3:cpu,cpuacct:/box\n0::/\n")
+    assert CPU_QUOTA(str(tmp_path / "cgroup"), str(v1)) == 1.5
+    (v1 / "cpu").symlink_to(v1 / "cpu,cpuacct")
+    assert CPU_QUOTA(str(tmp_path / "cgroup"), str(v1)) == 1.5
+    (tmp_path / "cgroup").write_text("3:cpu,cpuacct:/\n")
+    assert CPU_QUOTA(str(tmp_path / "cgroup"), str(v1)) is None
+    assert CPU_QUOTA(str(tmp_path / "nothing"), str(v1)) is None
+
+
+def test_limits_are_hidden_only_in_a_cgroup_namespace_shown_the_nodes_root(tmp_path):
+    """The DaemonSet's case: its own cgroup namespace (so /proc/self/cgroup says "/") and the node's
+    /sys/fs/cgroup mounted over its own, whose "/" is the node's root (no cgroup.type there)."""
+    node, own = tmp_path / "node", tmp_path / "own"
+    _cg(node, "", **{"cgroup.controllers": "cpu memory"})
+    _cg(own, "", **{"cgroup.controllers": "cpu memory", "cgroup.type": "domain"}, memory_max=150 << 20)
+    (tmp_path / "cgroup").write_text("0::/\n")
+    mine, init = tmp_path / "ns-self", tmp_path / "ns-init"
+    mine.symlink_to("cgroup:[4026532001]")
+    init.symlink_to("cgroup:[4026531835]")
+    hidden = lambda root, ns=(str(mine), str(init)): LIMITS_HIDDEN(str(tmp_path / "cgroup"), str(root), ns)  # noqa: E731
+    assert hidden(node)
+    assert not hidden(own)  # the container's own mount: its limits are there to read
+    assert not hidden(node, (str(mine), str(mine)))  # the node's namespace: "/" is the root it is in
+    assert not hidden(node, (str(mine), str(tmp_path / "unreadable")))
+    (tmp_path / "cgroup").write_text("0::/kubepods.slice/pod1\n")  # a path below the root: readable
+    assert not hidden(node)
+    # v1: the root alone has release_agent
+    v1 = tmp_path / "v1"
+    _cg(v1, "memory")
+    (v1 / "memory" / "release_agent").write_text("\n")
+    (tmp_path / "cgroup").write_text("4:memory:/\n0::/\n")
+    assert hidden(v1)
+    (v1 / "memory" / "release_agent").unlink()
+    assert not hidden(v1)
+
+
+def test_a_real_cpu_quota_decides_the_split():
+    """This kernel's own files: a child process in a fresh cpu cgroup with a quota of one CPU is told
+    one process, with the quota; its parent (no quota) is not."""
+    import subprocess
+
+    name = f"mcp-quota-{os.getpid()}"
+    probe = ("import os; from mcp_hostagent.core import loader, probes;"
+             "os.sched_getaffinity = lambda pid: set(range(8));"
+             "print(loader.split_for(probes.plan((), exists=lambda c, e: True))[1] or 'split');"
+             "print(loader.cpu_quota())")
+    v1 = "/sys/fs/cgroup/cpu"
+    if os.path.isdir(v1) and os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")):
+        path = os.path.join(v1, name)
+        quota = lambda q: [open(os.path.join(path, "cpu.cfs_period_us"), "w").write("100000"),  # noqa: E731
+                           open(os.path.join(path, "cpu.cfs_quota_us"), "w").write(str(q))]
+    else:
+        from mcp_hostagent.requests.owners import cgroup2_root
+
+        root = cgroup2_root()
+        if root is None or "cpu" not in open(os.path.join(root, "cgroup.controllers")).read().split():
+            pytest.fail("no cgroup cpu controller (neither v1 nor v2) on this host")
+        open(os.path.join(root, "cgroup.subtree_control"), "w").write("+cpu")
+        path = os.path.join(root, name)
+        quota = lambda q: open(os.path.join(path, "cpu.max"), "w").write(f"{q} 100000")  # noqa: E731
+    env = {k: v for k, v in os.environ.items() if k != loader.SPLIT_ENV}
+    join = f"open({os.path.join(path, 'cgroup.procs')!r}, 'w').write(str(os.getpid()));"
+    os.mkdir(path)
+    try:
+        quota(100000)
+        one = subprocess.run([sys.executable, "-c", "import os;" + join + probe], env=env,
+                             capture_output=True, text=True, check=True).stdout.split("\n")
+        assert one[:2] == ["1 process (a CPU quota of 1 CPUs)", "1.0"], one
+        quota(350000)
+        more = subprocess.run([sys.executable, "-c", "import os;" + join + probe], env=env,
+                              capture_output=True, text=True, check=True).stdout.split("\n")
+        assert more[:2] == ["split", "3.5"], more
+    finally:
+        for _ in range(50):
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                time.sleep(0.1)
 
 
 def _cg(root, rel: str, **files) -> None:
@@ -335,12 +472,16 @@ def test_headroom_of_a_real_memory_cgroup_decides_the_split(tmp_path):
 # ---- real compiles ----
 
 def _load(monkeypatch, split: str, extra_cflags: tuple[str, ...] = (), cache: str = "off"):
+    """split: SPLIT_ENV's value ("0" one process), "" for as many workers as the CPUs allow."""
     from mcp_hostagent.config import load_config
     from mcp_hostagent.core import kernel
 
     cfg = load_config(None, env={})
     kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
-    monkeypatch.setenv(loader.SPLIT_ENV, split)
+    if split:
+        monkeypatch.setenv(loader.SPLIT_ENV, split)
+    else:
+        monkeypatch.delenv(loader.SPLIT_ENV, raising=False)
     monkeypatch.setenv(compile_cache.ENV, cache)
     plan = probes.plan(cfg.probes_disable, off=probes.switched_off(cfg))
     (got,) = loader.load(plan, loader.bpf_settings(cfg), extra_cflags=extra_cflags)
@@ -395,7 +536,7 @@ def test_the_workers_programs_use_the_agents_maps(monkeypatch, tmp_path, cpus):
     marker = tmp_path / "planted-ran"
     (planted / "compile_worker.py").write_text(f"open({str(marker)!r}, 'w').write('root')\n")
     monkeypatch.chdir(tmp_path)
-    got, plan = _load(monkeypatch, "1")
+    got, plan = _load(monkeypatch, "")
     try:
         assert not marker.exists(), "the worker ran a module from the agent's working directory"
         workers = [p for p in loader.split_for(plan)[0] if not p.here]
@@ -436,7 +577,7 @@ def test_on_two_cpus_this_processs_part_is_cached_too(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
     cache = tmp_path / "cache"
-    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    got, plan = _load(monkeypatch, "", cache=str(cache))
     got.bpf.cleanup()
     assert got.processes == "2 processes", got.processes
     mine = {s.fn_name for s in plan.enabled() if s.program == "requests.bpf.c" and s.kind in probes.TRACEPOINT_KINDS}
@@ -445,7 +586,7 @@ def test_on_two_cpus_this_processs_part_is_cached_too(monkeypatch, tmp_path):
     parts = [set(json.loads(e.read_text())["reply"]["funcs"]) for e in theirs + here]
     assert mine and len(parts) == 2 and mine | kprobes in parts, parts
 
-    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    got, plan = _load(monkeypatch, "", cache=str(cache))
     try:
         assert got.processes == "1 process, 2 parts and the maps from the compile cache", got.processes
         check_adopted(got, plan)
@@ -468,7 +609,7 @@ def test_with_six_workers_this_process_compiles_the_maps_and_uprobes_and_a_cache
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
     cache = tmp_path / "cache"
-    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    got, plan = _load(monkeypatch, "", cache=str(cache))
     n = len(loader.split_for(plan)[0])  # 7 where every default probe's hook exists: six workers' and here
     kprobes = loader.kprobe_programs(loader.unit_source())
     try:
@@ -484,7 +625,7 @@ def test_with_six_workers_this_process_compiles_the_maps_and_uprobes_and_a_cache
     assert len(parts) == n and len(entries) == n + 1 and set().union(*parts) >= kprobes
     assert sum(len(p) for p in parts) == len(set().union(*parts))  # no program in two parts
 
-    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    got, plan = _load(monkeypatch, "", cache=str(cache))
     try:
         assert got.processes == f"1 process, {n} parts and the maps from the compile cache", got.processes
         assert got.bpf.module is None
@@ -507,7 +648,7 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     cache = tmp_path / "cache"
-    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    got, plan = _load(monkeypatch, "", cache=str(cache))
     kprobes = loader.kprobe_programs(loader.unit_source())
     compiled_uprobes = reply_of(got.bpf.module, kprobes)["funcs"]
     got.bpf.cleanup()
@@ -518,7 +659,7 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
     assert all(oct(e.stat().st_mode & 0o777) == "0o600" for e in theirs + here + maps)
     assert set(json.loads(here[0].read_text())["reply"]["funcs"]) == set(compiled_uprobes) == kprobes
 
-    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    got, plan = _load(monkeypatch, "", cache=str(cache))
     try:
         assert got.processes == "1 process, 3 parts and the maps from the compile cache", got.processes
         check_adopted(got, plan)
@@ -534,7 +675,7 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
     for entry, how in ((theirs[0], "2 processes, 2 parts from the compile cache"),
                        (here[0], "1 process, 2 parts from the compile cache")):
         entry.write_text("{not json")
-        got, _ = _load(monkeypatch, "1", cache=str(cache))
+        got, _ = _load(monkeypatch, "", cache=str(cache))
         got.bpf.cleanup()
         assert got.processes == how, got.processes
         assert json.loads(entry.read_text())["key"] == entry.stem
@@ -543,7 +684,7 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
     entry["reply"]["maps"] = {fd: "no_such_table" for fd in entry["reply"]["maps"]}
     theirs[1].write_text(json.dumps(entry))
     assert compile_cache.warm(str(cache), compile_cache.get(str(cache), compile_cache.WARM)["hint"])
-    got, _ = _load(monkeypatch, "1", cache=str(cache))
+    got, _ = _load(monkeypatch, "", cache=str(cache))
     got.bpf.cleanup()
     assert got.processes.startswith("1 process (a part from a worker or the cache: "), got.processes
     assert "no_such_table" in got.processes and not theirs[1].exists()
@@ -552,21 +693,21 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
     # a cached program the kernel refuses (here: exit with r0 unset), a tracepoint's or a uprobe's
     # (checked as a kprobe program): dropped, all compiled here
     for pick in (lambda: _entries(cache)[0][0], lambda: _entries(cache)[1][0]):
-        got, _ = _load(monkeypatch, "1", cache=str(cache))  # every part cached again
+        got, _ = _load(monkeypatch, "", cache=str(cache))  # every part cached again
         got.bpf.cleanup()
         path = pick()
         entry = json.loads(path.read_text())
         name = sorted(entry["reply"]["funcs"])[0]
         entry["reply"]["funcs"][name] = base64.b64encode(insn(0x95)).decode()
         path.write_text(json.dumps(entry))
-        got, _ = _load(monkeypatch, "1", cache=str(cache))
+        got, _ = _load(monkeypatch, "", cache=str(cache))
         got.bpf.cleanup()
         assert got.processes.startswith(f"1 process (a part from a worker or the cache: {name}: "), got.processes
         assert "from the compile cache)" in got.processes and not path.exists()
         assert len(_stored(cache)) == 2  # the parts the kernel still took (the maps' entry went too)
 
     cache.chmod(0o777)
-    got, _ = _load(monkeypatch, "1", cache=str(cache))
+    got, _ = _load(monkeypatch, "", cache=str(cache))
     got.bpf.cleanup()
     assert got.processes.startswith("3 processes; compile cache not used: "), got.processes
     assert "writable by no one else" in got.processes
@@ -574,7 +715,7 @@ def test_the_compile_cache_replaces_the_workers_and_refuses_what_it_cannot_trust
     cache.chmod(0o700)
     tmp_path.chmod(0o777)
     try:
-        got, _ = _load(monkeypatch, "1", cache=str(cache))
+        got, _ = _load(monkeypatch, "", cache=str(cache))
         got.bpf.cleanup()
     finally:
         tmp_path.chmod(0o700)
@@ -609,7 +750,7 @@ def test_a_warm_cache_starts_no_worker_ahead_and_a_cold_one_does(monkeypatch, tm
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     monkeypatch.setattr(loader, "memcg_headroom", lambda: None)  # two workers whatever this runner's cgroup
     cache = tmp_path / "cache"
-    got, _ = _load(monkeypatch, "1", cache=str(cache))
+    got, _ = _load(monkeypatch, "", cache=str(cache))
     got.bpf.cleanup()
     assert got.processes == "3 processes"
     hint = compile_cache.get(str(cache), compile_cache.WARM)["hint"]
@@ -648,13 +789,13 @@ def test_a_maps_entry_the_cache_cannot_trust_leaves_the_maps_compiled(monkeypatc
     is refused with the reason in the start's line, the maps are compiled, and the start goes on."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     cache = tmp_path / "cache"
-    got, _ = _load(monkeypatch, "1", cache=str(cache))
+    got, _ = _load(monkeypatch, "", cache=str(cache))
     got.bpf.cleanup()
     theirs, here = _entries(cache)
     (maps,) = [e for e in _stored(cache) if e not in theirs + here]
     maps.unlink()
     maps.symlink_to(theirs[0])
-    got, plan = _load(monkeypatch, "1", cache=str(cache))
+    got, plan = _load(monkeypatch, "", cache=str(cache))
     try:
         assert got.processes.startswith("1 process, 3 parts from the compile cache; compile cache not used: "), \
             got.processes
@@ -684,7 +825,7 @@ def test_the_cache_key_follows_what_a_compile_reads(monkeypatch, tmp_path):
 @pytest.mark.bpf
 def test_a_failing_worker_leaves_one_process_compiling_everything(monkeypatch):
     monkeypatch.setattr(sys, "executable", "/bin/false")  # the worker exits 1 at once
-    got, plan = _load(monkeypatch, "1")
+    got, plan = _load(monkeypatch, "")
     try:
         assert got.processes.startswith("1 process (a part from a worker or the cache: exit 1"), got.processes
         assert not got.bpf.adopted
@@ -724,7 +865,7 @@ os.execv({sys.executable!r}, [{sys.executable!r}] + sys.argv[1:])
         return got
 
     monkeypatch.setattr(loader, "_compile_quietly", ours)
-    got, _ = _load(monkeypatch, "1", extra_cflags=("-DMCP_TEST_TP_RAW_EXEC=1",))
+    got, _ = _load(monkeypatch, "", extra_cflags=("-DMCP_TEST_TP_RAW_EXEC=1",))
     try:
         assert got.processes == "2 processes", got.processes
         assert len(ends) == 1
