@@ -211,9 +211,12 @@ def _compile_quietly(text: str, cflags: list[str], progress: Callable[[str], Non
 # the memory cgroup allow (split_for takes the largest that fits). A group names sources (their
 # tracepoint probes) or probes (the uprobes included); a probe goes to the first group naming it.
 # What no group takes is this process's part ("here"): on two CPUs requests.bpf.c and the uprobes,
-# on more the uprobes. Six workers once took the uprobes too, leaving the maps alone here: on the H100
-# host that compile ended 0.5 s before the slowest worker's, and the two slowest parts were the two
-# with uprobes (2026-12-06, docs/PERFORMANCE.md). Every part is kept in the compile cache (compile_cache.py)
+# on four the uprobes, on six cuda_launch, cuda_graph and cuda_ctx. Six workers once took every uprobe,
+# leaving the maps alone here: on the H100 host that compile ended 0.5 s before the slowest worker's,
+# and the two slowest parts were the two with uprobes (2026-12-06); with all six here, this part was
+# the slowest (0.86 s serially against 0.60-0.77) and the H100 host's first start waited for it alone.
+# The six now spread so that every part costs 0.69-0.76 s serially here, this one among the lightest:
+# it starts ~0.04 s before the workers, which import bcc first (docs/PERFORMANCE.md, 2026-12-07). Every part is kept in the compile cache (compile_cache.py)
 # with the maps' description: a start whose parts are all cached makes the maps from it (mapset.py)
 # and compiles nothing. Measured: docs/PERFORMANCE.md.
 _HTTP_IN = ("http_read", "http_read_ret", "http_recvfrom", "http_recvfrom_ret", "http_close")
@@ -221,8 +224,8 @@ WORKER_GROUPS = {
     1: (("http.bpf.c", "reclaim.bpf.c", "cuda.bpf.c", "health.bpf.c"),),
     2: (("requests.bpf.c", "reclaim.bpf.c"), ("http.bpf.c", "cuda.bpf.c", "health.bpf.c")),
     4: (("requests.bpf.c",), ("reclaim.bpf.c", "cuda.bpf.c", "health.bpf.c"), _HTTP_IN, ("http.bpf.c",)),
-    6: (("marker", "sched_switch", "sched_wakeup"), ("requests.bpf.c",), _HTTP_IN, ("http.bpf.c",),
-        ("reclaim.bpf.c",), ("cuda.bpf.c", "health.bpf.c")),
+    6: (("marker",), ("reclaim.bpf.c", "sched_wakeup", "cuda_sync"), ("requests.bpf.c",), _HTTP_IN, ("http.bpf.c",),
+        ("cuda.bpf.c", "health.bpf.c", "cuda_alloc", "cuda_free")),
 }
 SPLIT_ENV = "MCP_HOSTAGENT_COMPILE_SPLIT"  # "0": one compile process (bench_startup compares the two); "N": at most N workers
 BPF_LD_IMM64, BPF_PSEUDO_MAP_FD = 0x18, 1  # include/uapi/linux/bpf.h
