@@ -216,7 +216,8 @@ def _compile_quietly(text: str, cflags: list[str], progress: Callable[[str], Non
 # and the two slowest parts were the two with uprobes (2026-12-06); with all six here, this part was
 # the slowest (0.86 s serially against 0.60-0.77) and the H100 host's first start waited for it alone.
 # The six now spread so that every part costs 0.69-0.76 s serially here, this one among the lightest:
-# it starts ~0.04 s before the workers, which import bcc first (docs/PERFORMANCE.md, 2026-12-07). Every part is kept in the compile cache (compile_cache.py)
+# it starts ~0.04 s before the workers, which import bcc first. On the GPU host the gain was within
+# the noise (docs/PERFORMANCE.md, 2026-12-07); kept for the serial balance. Every part is kept in the compile cache (compile_cache.py)
 # with the maps' description: a start whose parts are all cached makes the maps from it (mapset.py)
 # and compiles nothing. Measured: docs/PERFORMANCE.md.
 _HTTP_IN = ("http_read", "http_read_ret", "http_recvfrom", "http_recvfrom_ret", "http_close")
@@ -255,13 +256,24 @@ def kprobe_programs(text: str) -> set[str]:
     return set(KPROBE_PROGRAM.findall(text))
 
 
+def _whole(plan: ProbePlan, why: str) -> tuple[tuple[Part, ...], str]:
+    """The unit as one part compiled here: no worker, but the compile cache still holds it, so a
+    host that cannot spare workers still starts without a compile next time."""
+    enabled = plan.enabled()
+    return (Part(tuple(s.macro for s in enabled), tuple(s.tracepoint for s in enabled if s.kind != "uprobe"),
+                 here=True),), why
+
+
 def split_for(plan: ProbePlan) -> tuple[tuple[Part, ...], str]:
-    """(the parts, ""), or ((), why the unit compiles in one process)."""
+    """(the parts, ""); (one part here, why no worker); or ((), why the unit compiles in one process
+    without the compile cache: asked for, or a host whose instructions cannot be moved)."""
     want = os.environ.get(SPLIT_ENV, "").strip()
-    if want and not want.isdigit():
-        return (), f"1 process ({SPLIT_ENV}={want[:20]!r} is not a number of workers)"
+    if want and not (want.isascii() and want.isdigit()):
+        return _whole(plan, f"1 process ({SPLIT_ENV}={want[:20]!r} is not a number of workers)")
     if want and not int(want):
         return (), f"1 process ({SPLIT_ENV}=0)"
+    if sys.byteorder != "little":  # _rebind_maps reads the instructions' immediates as little-endian
+        return (), "1 process (big-endian host)"
     cpus = len(os.sched_getaffinity(0))
     quota = cpu_quota()
     if quota is not None and int(quota) < cpus:
@@ -269,20 +281,19 @@ def split_for(plan: ProbePlan) -> tuple[tuple[Part, ...], str]:
         # a quota of one CPU the split took 2.98 s against 2.17 in one process (docs/PERFORMANCE.md)
         cpus = int(quota)
         if cpus < 2:
-            return (), f"1 process (a CPU quota of {quota:.2g} CPUs)"
+            return _whole(plan, f"1 process (a CPU quota of {quota:.2g} CPUs)")
     if cpus < 2:
-        return (), "1 process (one CPU)"
-    if sys.byteorder != "little":  # _rebind_maps reads the instructions' immediates as little-endian
-        return (), "1 process (big-endian host)"
+        return _whole(plan, "1 process (one CPU)")
     workers = min(cpus - 1, max(WORKER_GROUPS), int(want) if want else max(WORKER_GROUPS))
     if not want and limits_hidden():
-        return (), f"1 process (its cgroup's CPU and memory limits are hidden from it; {SPLIT_ENV}=N allows N workers)"
+        return _whole(plan, f"1 process (its cgroup's CPU and memory limits are hidden from it; {SPLIT_ENV}=N "
+                            "allows N workers)")
     left = memcg_headroom()
     if left is not None:
         workers = min(workers, max(0, (left - START_MEMORY) // WORKER_MEMORY))
         if not workers:
             need = (START_MEMORY + WORKER_MEMORY) >> 20
-            return (), f"1 process (its memory cgroup has under {need} MiB below its limit)"
+            return _whole(plan, f"1 process (its memory cgroup has under {need} MiB below its limit)")
     groups = WORKER_GROUPS[max(n for n in WORKER_GROUPS if n <= workers)]
     taken: dict[int, list] = {}
     for s in plan.enabled():
@@ -381,26 +392,28 @@ def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgrou
     return best
 
 
-def limits_hidden(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup",
-                  ns: tuple[str, str] = ("/proc/self/ns/cgroup", "/proc/1/ns/cgroup")) -> bool:
-    """True where this process is in a cgroup namespace of its own (its cgroup reads as "/") while
-    root holds the node's hierarchy, not the namespace's: a container that mounts the node's
-    /sys/fs/cgroup over its own (the DaemonSet does, for the marking processes' cgroups). "/" then
-    names the node's root, and the container's CPU and memory limits cannot be read. The node's
-    root is known by the kernel's files only a root has: v2 has no cgroup.type there, v1 shows
-    release_agent there alone. pid 1 is the node's init under hostPID; in the container's own pid
-    namespace it shares our cgroup namespace and this says False (its /sys/fs/cgroup is then
-    usually its own)."""
+def limits_hidden(mountinfo: str = "/proc/self/mountinfo", root: str = "/sys/fs/cgroup") -> bool:
+    """True where a cgroup hierarchy this reads (v2, or v1's memory or cpu) is mounted under root
+    with its root above this process's cgroup namespace: a container in its own namespace that
+    mounts the node's /sys/fs/cgroup over its own (the DaemonSet does, for the marking processes'
+    cgroups). /proc/self/cgroup's paths are relative to the namespace ("/" at its root), so they
+    name the wrong directories there and the container's limits cannot be read. The kernel shows
+    such a mount's root relative to the reader's namespace, as "/.." or "/../..." (mountinfo's
+    fourth field; cgroup_show_path)."""
     try:
-        if os.readlink(ns[0]) == os.readlink(ns[1]):
-            return False
+        with open(mountinfo) as f:
+            lines = f.read().splitlines()
     except OSError:
         return False
-    for base, path, v2 in _hierarchies("memory", proc_cgroup, root):
-        if path.strip("/") == "":
-            if os.path.isdir(base) and (not os.path.exists(os.path.join(base, "cgroup.type")) if v2
-                                        else os.path.exists(os.path.join(base, "release_agent"))):
-                return True
+    for line in lines:
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        sep = fields.index("-", 6)
+        mroot, point, fstype, opts = fields[3], fields[4], fields[sep + 1], fields[-1].split(",")
+        ours = fstype == "cgroup2" or (fstype == "cgroup" and ("memory" in opts or "cpu" in opts))
+        if ours and (point == root or point.startswith(root + "/")) and (mroot == "/.." or mroot.startswith("/../")):
+            return True
     return False
 
 
@@ -447,6 +460,7 @@ class _Begun:
     maps_key: str | None = None
     desc: dict | None = None
     fallback: str = ""
+    why: str = ""  # split_for's reason where its one part is compiled here
     hint: str = ""  # compile_cache.hint; warm: the last start stored it (so no worker was started ahead)
     warm: bool = False
 
@@ -479,6 +493,7 @@ def _look_up_and_send(b: _Begun, text: str, cflags: list[str], split: tuple[tupl
         _stop_all(spare)
         b.fallback = why
         return b
+    b.why = why
     b.cache = compile_cache.directory()
     for p in parts:
         mine = {f"-D{m}=1" for m in p.macros}
@@ -601,7 +616,7 @@ def _compile(text: str, cflags: list[str], b: _Begun, progress: Callable[[str], 
         bpf.cleanup()
         raise
     n, cached = 1 + len(workers), sum(j.cached for j in jobs)
-    how = f"{n} process{'es' if n > 1 else ''}"
+    how = b.why if n == 1 and b.why else f"{n} process{'es' if n > 1 else ''}"
     if cached:
         how += f", {cached} part{'s' if cached > 1 else ''}{' and the maps' if made else ''} from the compile cache"
     return bpf, time.monotonic() - t0, how + note

@@ -245,10 +245,19 @@ def test_parts_load_side_by_side_and_what_a_part_raises_reaches_the_caller(monke
         loader._load_parts(None, [({}, {}), ({}, {}), ({}, {"broken": True})], set())
 
 
+def _alone() -> str:
+    """split_for's reason where the whole unit is one part compiled here (and cached)."""
+    plan = _plan()
+    (part,), why = loader.split_for(plan)
+    assert part.here and sorted(part.macros) == sorted(s.macro for s in plan.enabled()), part
+    assert why.startswith("1 process (")
+    return why
+
+
 def test_one_process_on_one_cpu_when_asked_or_short_of_memory(monkeypatch):
     monkeypatch.setattr(loader, "memcg_headroom", lambda: 1 << 30)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert loader.split_for(_plan()) == ((), "1 process (one CPU)")
+    assert _alone() == "1 process (one CPU)"
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.setenv(loader.SPLIT_ENV, "0")
     assert loader.split_for(_plan()) == ((), "1 process (MCP_HOSTAGENT_COMPILE_SPLIT=0)")
@@ -261,8 +270,7 @@ def test_one_process_on_one_cpu_when_asked_or_short_of_memory(monkeypatch):
     monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.START_MEMORY + 2 * loader.WORKER_MEMORY - 1)
     assert len(workers()) == 1
     monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.START_MEMORY + loader.WORKER_MEMORY - 1)
-    side, why = loader.split_for(_plan())
-    assert side == () and "memory cgroup" in why
+    assert "memory cgroup" in _alone()
 
 
 def test_a_cpu_quota_a_worker_cap_or_hidden_limits_take_fewer_workers(monkeypatch):
@@ -274,26 +282,26 @@ def test_a_cpu_quota_a_worker_cap_or_hidden_limits_take_fewer_workers(monkeypatc
     monkeypatch.setattr(loader, "cpu_quota", lambda: 2.5)
     assert len(workers()) == 1
     monkeypatch.setattr(loader, "cpu_quota", lambda: 1.5)
-    assert loader.split_for(_plan()) == ((), "1 process (a CPU quota of 1.5 CPUs)")
+    assert _alone() == "1 process (a CPU quota of 1.5 CPUs)"
     monkeypatch.setattr(loader, "cpu_quota", lambda: 0.2)
-    assert loader.split_for(_plan()) == ((), "1 process (a CPU quota of 0.2 CPUs)")
+    assert _alone() == "1 process (a CPU quota of 0.2 CPUs)"
     monkeypatch.setattr(loader, "cpu_quota", lambda: 64.0)  # above the CPUs it may run on: those count
     assert len(workers()) == 6
     # limits it cannot read: one process unless told how many workers
     monkeypatch.setattr(loader, "limits_hidden", lambda: True)
-    side, why = loader.split_for(_plan())
-    assert side == () and "hidden" in why and loader.SPLIT_ENV + "=N" in why
+    why = _alone()
+    assert "hidden" in why and loader.SPLIT_ENV + "=N" in why
     for n, expect in (("2", 2), ("4", 4), ("9", 6), ("1", 1)):
         monkeypatch.setenv(loader.SPLIT_ENV, n)
         assert len(workers()) == expect, n
     monkeypatch.setattr(loader, "memcg_headroom", lambda: loader.START_MEMORY + loader.WORKER_MEMORY)  # still counts
     monkeypatch.setenv(loader.SPLIT_ENV, "4")
     assert len(workers()) == 1
-    for bad, why in (("00", "1 process (MCP_HOSTAGENT_COMPILE_SPLIT=0)"),
-                     ("two", "1 process (MCP_HOSTAGENT_COMPILE_SPLIT='two' is not a number of workers)"),
-                     ("-1", "1 process (MCP_HOSTAGENT_COMPILE_SPLIT='-1' is not a number of workers)")):
+    monkeypatch.setenv(loader.SPLIT_ENV, "00")
+    assert loader.split_for(_plan()) == ((), "1 process (MCP_HOSTAGENT_COMPILE_SPLIT=0)")  # the cache off too
+    for bad in ("two", "-1", "\u00b2", "\u0663"):  # superscript two and Arabic-Indic three: isdigit(), not int()
         monkeypatch.setenv(loader.SPLIT_ENV, bad)
-        assert loader.split_for(_plan()) == ((), why)
+        assert _alone() == f"1 process (MCP_HOSTAGENT_COMPILE_SPLIT={bad!r} is not a number of workers)"
 
 
 def test_cpu_quota_is_the_lowest_on_the_way_up_v2_and_v1(tmp_path):
@@ -321,31 +329,77 @@ def test_cpu_quota_is_the_lowest_on_the_way_up_v2_and_v1(tmp_path):
     assert CPU_QUOTA(str(tmp_path / "nothing"), str(v1)) is None
 
 
-def test_limits_are_hidden_only_in_a_cgroup_namespace_shown_the_nodes_root(tmp_path):
-    """The DaemonSet's case: its own cgroup namespace (so /proc/self/cgroup says "/") and the node's
-    /sys/fs/cgroup mounted over its own, whose "/" is the node's root (no cgroup.type there)."""
-    node, own = tmp_path / "node", tmp_path / "own"
-    _cg(node, "", **{"cgroup.controllers": "cpu memory"})
-    _cg(own, "", **{"cgroup.controllers": "cpu memory", "cgroup.type": "domain"}, memory_max=150 << 20)
-    (tmp_path / "cgroup").write_text("0::/\n")
-    mine, init = tmp_path / "ns-self", tmp_path / "ns-init"
-    mine.symlink_to("cgroup:[4026532001]")
-    init.symlink_to("cgroup:[4026531835]")
-    hidden = lambda root, ns=(str(mine), str(init)): LIMITS_HIDDEN(str(tmp_path / "cgroup"), str(root), ns)  # noqa: E731
-    assert hidden(node)
-    assert not hidden(own)  # the container's own mount: its limits are there to read
-    assert not hidden(node, (str(mine), str(mine)))  # the node's namespace: "/" is the root it is in
-    assert not hidden(node, (str(mine), str(tmp_path / "unreadable")))
-    (tmp_path / "cgroup").write_text("0::/kubepods.slice/pod1\n")  # a path below the root: readable
-    assert not hidden(node)
-    # v1: the root alone has release_agent
-    v1 = tmp_path / "v1"
-    _cg(v1, "memory")
-    (v1 / "memory" / "release_agent").write_text("\n")
-    (tmp_path / "cgroup").write_text("4:memory:/\n0::/\n")
-    assert hidden(v1)
-    (v1 / "memory" / "release_agent").unlink()
-    assert not hidden(v1)
+def test_limits_are_hidden_where_a_cgroup_mount_shows_a_root_above_the_namespace(tmp_path):
+    """mountinfo's fourth field (the mount's root, relative to the reader's cgroup namespace): "/.."
+    and below for a hierarchy mounted from above the namespace, as the DaemonSet's node mount is."""
+    mi = tmp_path / "mountinfo"
+    head = "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+
+    def hidden(*lines: str) -> bool:
+        mi.write_text(head + "".join(lines))
+        return LIMITS_HIDDEN(str(mi), "/sys/fs/cgroup")
+
+    v2 = "29 23 0:26 {root} /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+    assert hidden(v2.format(root="/../../.."))
+    assert hidden(v2.format(root="/.."))
+    assert not hidden(v2.format(root="/"))  # the namespace's own mount, or no namespace
+    assert not hidden(v2.format(root="/..x"))  # a cgroup named "..x", not a parent
+    memory = "35 31 0:32 {root} /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+    cpu = "32 31 0:29 {root} /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
+    pids = "39 31 0:36 {root} /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n"
+    assert hidden(memory.format(root="/../.."))
+    assert hidden(cpu.format(root="/.."))
+    assert not hidden(pids.format(root="/../.."))  # a hierarchy this does not read
+    assert not hidden(memory.format(root="/docker/abc"))  # v1 docker: its own cgroup bound there
+    assert not hidden(v2.format(root="/..").replace("/sys/fs/cgroup", "/host/sys/fs/cgroup"))  # not under root
+    assert not LIMITS_HIDDEN(str(tmp_path / "unreadable"))
+
+
+def test_limits_are_hidden_in_a_real_cgroup_namespace_below_the_mount():
+    """This kernel's own mountinfo: a child that joins a fresh cgroup, then enters a cgroup namespace
+    of its own (unshare --cgroup, util-linux) with the host's /sys/fs/cgroup still mounted, is told
+    its limits are hidden and compiles in one process; the same child without the namespace is not,
+    nor is this test's process."""
+    import shutil
+    import subprocess
+
+    assert not LIMITS_HIDDEN(), "this runner's own cgroup limits read as hidden"
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.fail("unshare (util-linux) is not installed")
+    name = f"mcp-hidden-{os.getpid()}"
+    v1 = "/sys/fs/cgroup/memory"
+    if os.path.isdir(v1):
+        path = os.path.join(v1, name)
+    else:
+        from mcp_hostagent.requests.owners import cgroup2_root
+
+        root = cgroup2_root()
+        if root is None:
+            pytest.fail("no cgroup hierarchy with a memory controller or v2 on this host")
+        path = os.path.join(root, name)
+    probe = ("import os, sys; from mcp_hostagent.core import loader, probes;"
+             "os.sched_getaffinity = lambda pid: set(range(8)); loader.cpu_quota = lambda: None;"
+             "print(loader.limits_hidden());"
+             "print(loader.split_for(probes.plan((), exists=lambda c, e: True))[1] or 'split')")
+    env = {k: v for k, v in os.environ.items() if k != loader.SPLIT_ENV}
+    os.mkdir(path)
+    try:
+        # the shell joins the cgroup, then execs into the namespace: its root is that cgroup
+        run = lambda *ns: subprocess.run(  # noqa: E731
+            ["sh", "-c", f'echo $$ > {path}/cgroup.procs && exec "$@"', "sh", *ns, sys.executable, "-c", probe],
+            env=env, capture_output=True, text=True, check=True).stdout.split("\n")
+        inside = run(unshare, "--cgroup")
+        assert inside[0] == "True" and "hidden" in inside[1], inside
+        outside = run()
+        assert outside[0] == "False" and outside[1] == "split", outside
+    finally:
+        for _ in range(50):
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                time.sleep(0.1)
 
 
 def test_a_real_cpu_quota_decides_the_split():
@@ -356,6 +410,7 @@ def test_a_real_cpu_quota_decides_the_split():
     name = f"mcp-quota-{os.getpid()}"
     probe = ("import os; from mcp_hostagent.core import loader, probes;"
              "os.sched_getaffinity = lambda pid: set(range(8));"
+             "loader.memcg_headroom = lambda: None; loader.limits_hidden = lambda: False;"
              "print(loader.split_for(probes.plan((), exists=lambda c, e: True))[1] or 'split');"
              "print(loader.cpu_quota())")
     v1 = "/sys/fs/cgroup/cpu"
@@ -450,7 +505,7 @@ def test_headroom_of_a_real_memory_cgroup_decides_the_split(tmp_path):
     os.mkdir(path)
     try:
         open(os.path.join(path, limit), "w").write(str(1 << 40))
-        env = dict(os.environ, MCP_HOSTAGENT_COMPILE_SPLIT="1")
+        env = dict(os.environ, MCP_HOSTAGENT_COMPILE_SPLIT="1")  # at most one worker, no hidden-limits check
         # the child joins the cgroup before it imports anything: its interpreter's charge is counted
         join = f"open({os.path.join(path, 'cgroup.procs')!r}, 'w').write(str(os.getpid()));"
         roomy = subprocess.run([sys.executable, "-c", "import os;" + join + probe], env=env,
@@ -595,6 +650,46 @@ def test_on_two_cpus_this_processs_part_is_cached_too(monkeypatch, tmp_path):
         assert not any(loader._compiled_here(got.bpf, n.encode()) for n in mine | kprobes)
         single, plan1 = _load(monkeypatch, "0")
         single.bpf.cleanup()
+        assert {n: st.state for n, st in plan.statuses.items()} == {n: st.state for n, st in plan1.statuses.items()}
+    finally:
+        got.bpf.cleanup()
+
+
+@pytest.mark.bpf
+def test_without_a_worker_the_unit_is_still_cached(monkeypatch, tmp_path):
+    """One CPU, a CPU quota under two or hidden limits start no worker, but the whole unit is one
+    part compiled here and cached: the next start compiles nothing. Asked for one process
+    (MCP_HOSTAGENT_COMPILE_SPLIT=0), the cache is neither read nor written."""
+    from bcc import libbcc
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(loader, "cpu_quota", lambda: 1.0)
+    from bcc import BPF
+
+    other = tmp_path / "other"
+    single, plan1 = _load(monkeypatch, "0", cache=str(other))
+    mod = single.bpf.module
+    every = {libbcc.lib.bpf_function_name(mod, i).decode() for i in range(libbcc.lib.bpf_num_functions(mod))}
+    single.bpf.cleanup()
+    assert single.processes == "1 process (MCP_HOSTAGENT_COMPILE_SPLIT=0)" and not other.exists()
+
+    cache = tmp_path / "cache"
+    got, plan = _load(monkeypatch, "", cache=str(cache))
+    got.bpf.cleanup()
+    assert got.processes == "1 process (a CPU quota of 1 CPUs)", got.processes
+    (entry,) = [e for e in _stored(cache) if "funcs" in json.loads(e.read_text())["reply"]]
+    assert set(json.loads(entry.read_text())["reply"]["funcs"]) == every
+
+    got, plan = _load(monkeypatch, "", cache=str(cache))
+    try:
+        assert got.processes == "1 process (a CPU quota of 1 CPUs), 1 part and the maps from the compile cache"
+        assert got.bpf.module is None
+        assert {n.decode() for n in got.bpf.adopted} == every
+        ours = {map_id(fd) for fd, _ in got.bpf.made.values()}  # made: core/mapset.py
+        kprobes = loader.kprobe_programs(loader.unit_source())
+        for name in got.bpf.adopted:
+            used = prog_map_ids(got.bpf.load_func(name, BPF.KPROBE if name.decode() in kprobes else BPF.TRACEPOINT).fd)
+            assert used and used <= ours, (name, used, ours)
         assert {n: st.state for n, st in plan.statuses.items()} == {n: st.state for n, st in plan1.statuses.items()}
     finally:
         got.bpf.cleanup()

@@ -215,7 +215,9 @@ def test_uprobe_programs_from_the_compile_cache_count_every_call(monkeypatch, tm
     if mode == uprobes.MULTI and not uprobes.multi_supported()[0]:
         pytest.skip(uprobes.multi_supported()[1])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setenv(loader.SPLIT_ENV, "1")
+    monkeypatch.setenv(loader.SPLIT_ENV, "1")  # one worker beside this process, whatever the runner's cgroup
+    monkeypatch.setattr(loader, "cpu_quota", lambda: None)
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: None)
     monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "cache"))
     cfg = load_config(None, env={})
     kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
