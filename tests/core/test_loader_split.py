@@ -394,12 +394,7 @@ def test_limits_are_hidden_in_a_real_cgroup_namespace_below_the_mount():
         outside = run()
         assert outside[0] == "False" and outside[1] == "split", outside
     finally:
-        for _ in range(50):
-            try:
-                os.rmdir(path)
-                break
-            except OSError:
-                time.sleep(0.1)
+        _rmdir_when_empty(path)
 
 
 def test_a_real_cpu_quota_decides_the_split():
@@ -440,12 +435,17 @@ def test_a_real_cpu_quota_decides_the_split():
                               capture_output=True, text=True, check=True).stdout.split("\n")
         assert more[:2] == ["split", "3.5"], more
     finally:
-        for _ in range(50):
-            try:
-                os.rmdir(path)
-                break
-            except OSError:
-                time.sleep(0.1)
+        _rmdir_when_empty(path)
+
+
+def _rmdir_when_empty(path: str) -> None:
+    """A test cgroup, once its last process has gone (the kernel empties it a moment after the exit)."""
+    for _ in range(50):
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            time.sleep(0.1)
 
 
 def _cg(root, rel: str, **files) -> None:
@@ -517,12 +517,7 @@ def test_headroom_of_a_real_memory_cgroup_decides_the_split(tmp_path):
                                capture_output=True, text=True, check=True).stdout.split("\n")
         assert "memory cgroup" in tight[0] and int(tight[1]) < loader.START_MEMORY + loader.WORKER_MEMORY, tight
     finally:
-        for _ in range(50):
-            try:
-                os.rmdir(path)
-                break
-            except OSError:
-                time.sleep(0.1)
+        _rmdir_when_empty(path)
 
 
 # ---- real compiles ----
