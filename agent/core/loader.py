@@ -256,12 +256,15 @@ def kprobe_programs(text: str) -> set[str]:
     return set(KPROBE_PROGRAM.findall(text))
 
 
+def _part(specs: list, here: bool = False) -> Part:
+    """A part of these probes: their macros, and the tracepoints of those that are not uprobes."""
+    return Part(tuple(s.macro for s in specs), tuple(s.tracepoint for s in specs if s.kind != "uprobe"), here=here)
+
+
 def _whole(plan: ProbePlan, why: str) -> tuple[tuple[Part, ...], str]:
     """The unit as one part compiled here: no worker, but the compile cache still holds it, so a
     host that cannot spare workers still starts without a compile next time."""
-    enabled = plan.enabled()
-    return (Part(tuple(s.macro for s in enabled), tuple(s.tracepoint for s in enabled if s.kind != "uprobe"),
-                 here=True),), why
+    return (_part(plan.enabled(), here=True),), why
 
 
 def split_for(plan: ProbePlan) -> tuple[tuple[Part, ...], str]:
@@ -300,24 +303,26 @@ def split_for(plan: ProbePlan) -> tuple[tuple[Part, ...], str]:
         i = next((i for i, g in enumerate(groups) if s.name in g or (s.kind != "uprobe" and s.program in g)), None)
         if i is not None:
             taken.setdefault(i, []).append(s)
-    parts = [Part(tuple(s.macro for s in taken[i]), tuple(s.tracepoint for s in taken[i] if s.kind != "uprobe"))
-             for i in sorted(taken)]
+    parts = [_part(taken[i]) for i in sorted(taken)]
     if not parts:
         return (), "1 process"
     # What no worker takes is this process's part. Cached too, so a cached start compiles nothing.
     side = {m for p in parts for m in p.macros}
     rest = [s for s in plan.enabled() if s.macro not in side]
-    here = Part(tuple(s.macro for s in rest), tuple(s.tracepoint for s in rest if s.kind != "uprobe"), here=True)
-    return tuple(parts) + ((here,) if rest else ()), ""
+    return tuple(parts) + ((_part(rest, here=True),) if rest else ()), ""
+
+
+def _read_words(path: str) -> list[str]:
+    try:
+        with open(path) as f:
+            return f.read().split()
+    except OSError:
+        return []
 
 
 def _read_limit(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            v = f.read().strip()
-    except OSError:
-        return None
-    return int(v) if v.isdigit() else None  # "max": none
+    w = _read_words(path)
+    return int(w[0]) if len(w) == 1 and w[0].isdigit() else None  # "max": none
 
 
 def _hierarchies(controller: str, proc_cgroup: str, root: str) -> list[tuple[str, str, bool]]:
@@ -365,14 +370,6 @@ def memcg_headroom(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/
                 left = max(0, min(lims) - used)
                 best = left if best is None else min(best, left)
     return best
-
-
-def _read_words(path: str) -> list[str]:
-    try:
-        with open(path) as f:
-            return f.read().split()
-    except OSError:
-        return []
 
 
 def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
