@@ -52,7 +52,7 @@ def timed(owner, attr: str, name: str, once: bool = False) -> None:
 
 
 t0 = time.monotonic_ns()
-from mcp_hostagent import cli  # noqa: E402  (click, config: what the entry point imports)
+from mcp_hostagent import cli, entry  # noqa: E402  (click, config: what the entry point imports)
 
 spans.append(("import cli (click, config)", t0, time.monotonic_ns()))
 t0 = time.monotonic_ns()
@@ -87,6 +87,6 @@ timed(control.ControlServer, "stop", "control socket stop")
 
 sys.argv[0] = "mcp-agent"
 try:
-    cli.main()
+    entry.main()
 finally:
     marks.append(("main returned", time.monotonic_ns()))

@@ -22,13 +22,14 @@ import time
 OUT = sys.argv.pop(1)
 events: list[tuple[str, str, int, int]] = [("python start-up done", "MainThread", time.monotonic_ns(), 0)]
 
-IMPORTS = {"mcp_hostagent.cli", "mcp_hostagent.core.agent", "mcp_hostagent.core.loader", "bcc",
+IMPORTS = {"mcp_hostagent.entry", "mcp_hostagent.cli", "mcp_hostagent.core.agent", "mcp_hostagent.core.loader", "bcc",
            "opentelemetry.sdk.trace", "opentelemetry.sdk.metrics", "google.protobuf", "psutil", "pynvml",
            "mcp_hostagent.exporters", "mcp_hostagent.cuda.capability", "mcp_hostagent.telemetry.otel",
            "pyroute2", "mcp_hostagent.control", "mcp_hostagent.sdnotify", "mcp_hostagent.exporters.files"}
 # module -> [(owner attribute path, event name)]
 WRAP = {
-    "mcp_hostagent.core.loader": [("compile_ahead_for", "compile ahead: begin"), ("_begin", "cache looked up, parts sent"),
+    "mcp_hostagent.core.loader": [("begin_early", "begin early: workers, libbcc"), ("_preload_libbcc", "libbcc dlopen"),
+                                  ("compile_ahead_for", "compile ahead: begin"), ("_begin", "cache looked up, parts sent"),
                                   ("_compile", "compile line"), ("_Worker.reply", "a worker's reply taken"),
                                   ("_compile_quietly", "bcc compile"), ("_load_parts", "verify parts"),
                                   ("_take_ahead", "wait for the compile"), ("load", "loader.load"),
@@ -107,7 +108,7 @@ def _write() -> None:
 atexit.register(_write)
 sys.meta_path.insert(0, _Finder())
 
-from mcp_hostagent import cli  # noqa: E402
+from mcp_hostagent import entry  # noqa: E402
 
 sys.argv[0] = "mcp-agent"
-cli.main()
+entry.main()

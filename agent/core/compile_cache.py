@@ -3,7 +3,8 @@ header tree and tracepoint formats loads them instead of running LLVM again for 
 description (core/mapset.py) is an entry too, keyed by the flags without the probe macros and the
 possible CPUs: with it, a start whose parts are all cached runs no compile. One more entry, the
 warm hint (WARM), tells a start before bcc is imported that the last one left every part here, so
-that it starts no compile worker ahead of the look-ups (loader.compile_ahead).
+that it starts no compile worker ahead of the look-ups (loader.compile_ahead); its early hint tells
+`run` the same before it has read its config (loader.begin_early).
 
 A reply is what core/compile_worker.py prints: programs' instructions naming the worker's map fds by
 table name, rewritten to the agent's maps at each load (loader._rebind_maps), so it holds no fd or
@@ -145,17 +146,24 @@ def hint(text: str, cflags: list[str], parts: list) -> str:
     return hashlib.sha256(json.dumps([text, cflags, parts, uname.release, uname.version]).encode()).hexdigest()
 
 
-def warm(path: str, h: str) -> bool:
-    """The last start stored h (mark_warm). Never raises: a wrong answer costs time, not correctness,
-    since key() still decides each entry."""
+def early_hint(text: str) -> str:
+    """What `run` knows before reading its config (loader.begin_early): the unit and the kernel. Equal
+    to the last start's (warm(path, e, "early")), that start most likely left every part here too."""
+    uname = os.uname()
+    return hashlib.sha256(json.dumps([text, uname.release, uname.version]).encode()).hexdigest()
+
+
+def warm(path: str, h: str, field: str = "hint") -> bool:
+    """The last start stored h as field (mark_warm). Never raises: a wrong answer costs time, not
+    correctness, since key() still decides each entry."""
     try:
-        return (get(path, WARM) or {}).get("hint") == h
+        return (get(path, WARM) or {}).get(field) == h
     except Exception:  # noqa: BLE001 - CacheError, OSError, a RecursionError from a hostile entry: not warm
         return False
 
 
-def mark_warm(path: str, h: str) -> None:
-    put(path, WARM, {"hint": h})
+def mark_warm(path: str, h: str, early: str = "") -> None:
+    put(path, WARM, {"hint": h, "early": early})
 
 
 def _libbcc_path() -> str:

@@ -4,7 +4,7 @@ instructions of its programs, not loaded.
 Run by core/loader.py as `python -m mcp_hostagent.core.compile_worker`, beside the agent's own compile
 of the other probes: libbcc cannot run two compiles in one process (a SIGSEGV, seen), and LLVM is
 most of start-up. Started before the agent imports bcc, it imports bcc while the agent does; an
-empty stdin (the part came from the compile cache) ends it. Request on stdin, JSON {"text", "cflags"}; reply on stdout, JSON {"funcs": {name:
+empty stdin (the part came from the compile cache) ends it. Request on stdin, JSON {"text", "cflags", "kernel_source"}; reply on stdout, JSON {"funcs": {name:
 base64 instructions}, "maps": {fd: table name}, "license", "kern_version"}. The instructions name
 this process's map fds (BPF_PSEUDO_MAP_FD); the agent rewrites them to its own maps of the same
 names and loads the programs itself. These maps die with this process. Compiler output goes to
@@ -67,6 +67,11 @@ def main() -> int:
     if not data:
         return 0
     req = json.loads(data)
+    # libbcc reads BCC_KERNEL_SOURCE when it compiles; this process may have started before the agent set it
+    if req.get("kernel_source"):
+        os.environ["BCC_KERNEL_SOURCE"] = req["kernel_source"]
+    else:
+        os.environ.pop("BCC_KERNEL_SOURCE", None)
     try:
         b = NoAutoAttach(text=req["text"].encode(), cflags=req["cflags"])
     except Exception as e:  # noqa: BLE001 - bcc raises bare Exception; the diagnostics are on stderr

@@ -267,16 +267,16 @@ def _whole(plan: ProbePlan, why: str) -> tuple[tuple[Part, ...], str]:
     return (_part(plan.enabled(), here=True),), why
 
 
-def split_for(plan: ProbePlan) -> tuple[tuple[Part, ...], str]:
-    """(the parts, ""); (one part here, why no worker); or ((), why the unit compiles in one process
-    without the compile cache: asked for, or a host whose instructions cannot be moved)."""
+def _worker_budget() -> tuple[int | None, str]:
+    """How many compile workers this host allows: (n >= 1, ""); (0, why) where the unit compiles here as
+    one cached part; (None, why) where it compiles in one process without the compile cache."""
     want = os.environ.get(SPLIT_ENV, "").strip()
     if want and not (want.isascii() and want.isdigit()):
-        return _whole(plan, f"1 process ({SPLIT_ENV}={want[:20]!r} is not a number of workers)")
+        return 0, f"1 process ({SPLIT_ENV}={want[:20]!r} is not a number of workers)"
     if want and not int(want):
-        return (), f"1 process ({SPLIT_ENV}=0)"
+        return None, f"1 process ({SPLIT_ENV}=0)"
     if sys.byteorder != "little":  # _rebind_maps reads the instructions' immediates as little-endian
-        return (), "1 process (big-endian host)"
+        return None, "1 process (big-endian host)"
     cpus = len(os.sched_getaffinity(0))
     quota = cpu_quota()
     if quota is not None and int(quota) < cpus:
@@ -284,20 +284,31 @@ def split_for(plan: ProbePlan) -> tuple[tuple[Part, ...], str]:
         # a quota of one CPU the split took 2.98 s against 2.17 in one process (docs/PERFORMANCE.md)
         cpus = int(quota)
         if cpus < 2:
-            return _whole(plan, f"1 process (a CPU quota of {quota:.2g} CPUs)")
+            return 0, f"1 process (a CPU quota of {quota:.2g} CPUs)"
     if cpus < 2:
-        return _whole(plan, "1 process (one CPU)")
+        return 0, "1 process (one CPU)"
     workers = min(cpus - 1, max(WORKER_GROUPS), int(want) if want else max(WORKER_GROUPS))
     if not want and limits_hidden():
-        return _whole(plan, f"1 process (its cgroup's CPU and memory limits are hidden from it; {SPLIT_ENV}=N "
-                            "allows N workers)")
+        return 0, (f"1 process (its cgroup's CPU and memory limits are hidden from it; {SPLIT_ENV}=N "
+                   "allows N workers)")
     left = memcg_headroom()
     if left is not None:
         workers = min(workers, max(0, (left - START_MEMORY) // WORKER_MEMORY))
         if not workers:
             need = (START_MEMORY + WORKER_MEMORY) >> 20
-            return _whole(plan, f"1 process (its memory cgroup has under {need} MiB below its limit)")
-    groups = WORKER_GROUPS[max(n for n in WORKER_GROUPS if n <= workers)]
+            return 0, f"1 process (its memory cgroup has under {need} MiB below its limit)"
+    return max(n for n in WORKER_GROUPS if n <= workers), ""
+
+
+def split_for(plan: ProbePlan) -> tuple[tuple[Part, ...], str]:
+    """(the parts, ""); (one part here, why no worker); or ((), why the unit compiles in one process
+    without the compile cache: asked for, or a host whose instructions cannot be moved)."""
+    workers, why = _worker_budget()
+    if workers is None:
+        return (), why
+    if not workers:
+        return _whole(plan, why)
+    groups = WORKER_GROUPS[workers]
     taken: dict[int, list] = {}
     for s in plan.enabled():
         i = next((i for i, g in enumerate(groups) if s.name in g or (s.kind != "uprobe" and s.program in g)), None)
@@ -590,7 +601,7 @@ def _compile(text: str, cflags: list[str], b: _Begun, progress: Callable[[str], 
                 complete, note = False, note + f"; maps not described for the compile cache: {e}"
         if cache and writable and complete and maps_key and not b.warm:
             try:  # the next start (same unit, split and kernel) starts no worker ahead
-                compile_cache.mark_warm(cache, b.hint)
+                compile_cache.mark_warm(cache, b.hint, compile_cache.early_hint(text))
             except compile_cache.CacheError:
                 pass  # a hint: the next start only starts its workers ahead as before
         elif cache and b.warm and not complete:  # a part the cache will not hold (yet): workers ahead again
@@ -703,7 +714,9 @@ class _Worker:
     def send(self, text: str, flags: list[str]) -> None:
         """Write the request from a thread of its own (_feed), which closes stdin after it."""
         stdin, self.proc.stdin = self.proc.stdin, None  # communicate() must not flush it
-        self.feed = threading.Thread(target=_feed, args=(stdin, json.dumps({"text": text, "cflags": flags}).encode()),
+        # begin_early starts it before kernel.prepare sets BCC_KERNEL_SOURCE: the request carries it
+        req = {"text": text, "cflags": flags, "kernel_source": os.environ.get("BCC_KERNEL_SOURCE")}
+        self.feed = threading.Thread(target=_feed, args=(stdin, json.dumps(req).encode()),
                                      name="bpf-compile-feed", daemon=True)
         try:
             self.feed.start()
@@ -823,22 +836,26 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
     on the H200), so the two overlap: libbcc runs LLVM with the GIL released (a ctypes call).
     libbcc 0.26 cannot compile two units at once (a SIGSEGV, seen): load() waits for this one."""
     global _ahead
+    early = _take_early()  # begin_early's workers: sent parts below, or stopped
     if _ahead is not None or not plan.enabled():
+        _stop_all(early)
         return
     try:
         _check_header_tree()
     except LoadError:
+        _stop_all(early)
         return  # load() reports it
     split = split_for(plan)
     key = (unit_source(), tuple(cflags_for(plan, settings)))
     warm = _warm(key[0], list(key[1]), split)
-    spawned: list[_Worker] = []
+    if warm[1]:  # the cache most likely holds every part: workers would be started and stopped for nothing
+        _stop_all(early)
+        early = []
+    spawned: list[_Worker] = early
     try:  # the workers first: each imports bcc while this process does (~0.1-0.2 s on the GPU hosts);
-        # not when the cache most likely holds every part: they would be started and stopped for nothing
-        # (docs/PERFORMANCE.md). _begin starts one for a part it then does not find.
-        for p in split[0] if not warm[1] else ():
-            if not p.here:
-                spawned.append(_Worker())
+        # _begin starts one for a part it then does not find, and stops those it has no part for
+        for _ in range(0 if warm[1] else sum(not p.here for p in split[0]) - len(early)):
+            spawned.append(_Worker())
     except OSError:
         _stop_all(spawned)
         spawned = []  # _begin tries again, and compiles in one process if that fails too
@@ -869,8 +886,54 @@ def compile_ahead_for(cfg, progress: Callable[[str], None] | None = None) -> Non
     try:
         kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)  # Agent.start logs
     except kernel.KernelSetupError:
+        _stop_all(_take_early())
         return
     compile_ahead(probes.plan(cfg.probes_disable, off=probes.switched_off(cfg)), bpf_settings(cfg), progress)
+
+
+_early: list[_Worker] = []
+
+
+def begin_early() -> None:
+    """`run` as root, before the CLI's import (click and the config: 0.13-0.19 s on the GPU hosts):
+    libbcc's dlopen in a thread (ctypes drops the GIL for it; most of `import bcc` there), and the
+    compile workers split_for will want, unless the last start of this unit on this kernel found every
+    part in the compile cache. A worker needs ~0.25 s there to start and import bcc: begun in
+    compile_ahead, after the CLI's import and the config, it got its part late and a worker's part
+    finished the compile. compile_ahead takes them; one never sent a part ends with this process
+    (its stdin closes)."""
+    if os.geteuid() != 0:
+        return
+    workers, _ = _worker_budget()
+    cache = compile_cache.directory()
+    if workers and not (cache and compile_cache.warm(cache, compile_cache.early_hint(unit_source()), "early")):
+        try:
+            for _ in range(workers):
+                _early.append(_Worker())
+        except OSError:  # compile_ahead tries again
+            _stop_all(_take_early())
+    try:  # after the workers: a fork waits for a dlopen in progress (glibc holds its loader lock)
+        threading.Thread(target=_preload_libbcc, name="bcc-preload", daemon=True).start()
+    except RuntimeError:  # no thread (TasksMax): bcc's import loads it
+        pass
+
+
+def _preload_libbcc() -> None:
+    """dlopen(3) through a ctypes call, which drops the GIL for it: CPython 3.11's ctypes.CDLL holds
+    the GIL while the loader maps and relocates libbcc and LLVM (seen: 30 ms of this VM's main thread)."""
+    try:
+        dlopen = ctypes.CDLL(None).dlopen  # glibc >= 2.34: in libc itself
+        dlopen.restype, dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+        # the soname and mode bcc/libbcc.py's CDLL asks for: its import then finds it loaded
+        dlopen(b"libbcc.so.0", os.RTLD_NOW | os.RTLD_LOCAL)
+    except (AttributeError, OSError):
+        pass  # bcc's import loads it (and reports what fails)
+
+
+def _take_early() -> list[_Worker]:
+    got = _early[:]
+    _early.clear()
+    return got
 
 
 def _take_ahead(key: tuple):

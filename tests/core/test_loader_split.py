@@ -199,6 +199,74 @@ def test_no_worker_outlives_a_begin_or_a_compile_ahead_that_fails(monkeypatch):
     assert len(_FakeWorker.made) == 2 and all(w.sent and w.stopped for w in _FakeWorker.made)
 
 
+def test_workers_begun_early_and_not_sent_a_part_are_stopped(monkeypatch):
+    """begin_early's workers belong to the compile_ahead that follows: one that compiles nothing (no
+    probe enabled, no header tree, no kernel set-up) stops them; one whose cache is warm stops them
+    and starts none; one short of workers starts the rest."""
+    from mcp_hostagent.core import kernel
+
+    monkeypatch.setattr(loader, "_Worker", _FakeWorker)
+    monkeypatch.setenv(compile_cache.ENV, "off")
+    parts = (loader.Part(("MCP_PROBE_A",), ()), loader.Part(("MCP_PROBE_B",), ()), loader.Part(("MCP_PROBE_C",), ()))
+    monkeypatch.setattr(loader, "split_for", lambda plan: (parts, ""))
+
+    def early(n):
+        _FakeWorker.made = []
+        loader._early[:] = [_FakeWorker() for _ in range(n)]
+        return list(_FakeWorker.made)
+
+    nothing = probes.plan([s.name for s in probes.PROBES], exists=lambda cat, ev: True)
+    assert not nothing.enabled()
+    begun = early(2)
+    loader.compile_ahead(nothing, {})
+    assert all(w.stopped for w in begun) and not loader._early
+
+    def no_tree():
+        raise loader.LoadError("no tree")
+
+    monkeypatch.setattr(loader, "_check_header_tree", no_tree)
+    begun = early(2)
+    loader.compile_ahead(_plan(), {})
+    assert all(w.stopped for w in begun) and not loader._early
+
+    def no_kernel(*a, **k):
+        raise kernel.KernelSetupError("no tracefs")
+
+    monkeypatch.setattr(kernel, "prepare", no_kernel)
+    begun = early(2)
+    loader.compile_ahead_for(type("Cfg", (), {"kernel_headers": None, "kernel_link_modules_build": False})())
+    assert all(w.stopped for w in begun) and not loader._early
+
+    monkeypatch.setattr(loader, "_check_header_tree", lambda: None)
+    monkeypatch.setattr(loader, "_bpf_class", lambda: None)
+    monkeypatch.setattr(loader, "_warm", lambda text, cflags, split: ("h", True))
+    begun = early(2)
+    loader.compile_ahead(_plan(), {})
+    loader.drop_ahead()
+    assert all(w.stopped and w.sent is None for w in begun)  # warm: parts go to workers _begin starts
+
+    monkeypatch.setattr(loader, "_warm", lambda text, cflags, split: ("h", False))
+    begun = early(2)
+    loader.compile_ahead(_plan(), {})
+    loader.drop_ahead()
+    assert len(_FakeWorker.made) == 3 and all(w.sent for w in _FakeWorker.made)  # two begun early, one more now
+
+
+def test_the_entry_begins_early_only_for_a_run_that_compiles(monkeypatch):
+    from mcp_hostagent import cli, entry
+
+    calls = []
+    monkeypatch.setattr(loader, "begin_early", lambda: calls.append("early"))
+    monkeypatch.setattr(cli, "main", lambda: calls.append("cli"))
+    for argv, early in ((["run"], True), (["run", "--jsonl", "none", "--duration", "1"], True),
+                        (["run", "--help"], False), (["run", "-h"], False), (["run", "--show-config"], False),
+                        (["probes"], False), (["top", "run"], False), ([], False)):
+        calls.clear()
+        monkeypatch.setattr(sys, "argv", ["mcp-agent", *argv])
+        entry.main()
+        assert calls == (["early", "cli"] if early else ["cli"]), argv
+
+
 def test_the_groups_name_real_sources_and_probes_and_none_is_empty():
     names = {s.name for s in probes.PROBES} | {s.program for s in probes.PROBES}
     default = _plan().enabled()
@@ -860,6 +928,56 @@ def test_a_warm_cache_starts_no_worker_ahead_and_a_cold_one_does(monkeypatch, tm
     assert ahead_then_load() == (2, 2, "1 process, 3 parts and the maps from the compile cache")
     assert all(w.proc.returncode is not None for w in made)  # started ahead, stopped: their parts were cached
     assert compile_cache.get(str(cache), compile_cache.WARM)["hint"] == hint
+
+
+@pytest.mark.bpf
+def test_workers_begun_before_the_config_compile_with_the_tree_their_request_names(monkeypatch, tmp_path):
+    """`run` begins its workers before reading its config and before BCC_KERNEL_SOURCE is set: as
+    many as split_for wants (two on three CPUs), to whom compile_ahead sends the parts, starting none
+    of its own. Their environment names no usable tree: the request's does (else the worker fails and
+    the start says "1 process"). That start leaves the early hint, so the next begin_early starts
+    none; on another kernel it starts them again."""
+    from mcp_hostagent.config import load_config
+    from mcp_hostagent.core import kernel
+
+    made = []
+
+    class Counted(loader._Worker):
+        def __init__(self):
+            made.append(self)
+            super().__init__()
+
+    monkeypatch.setattr(loader, "_Worker", Counted)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr(loader, "memcg_headroom", lambda: None)  # two workers whatever this runner's cgroup
+    monkeypatch.delenv(loader.SPLIT_ENV, raising=False)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(compile_cache.ENV, str(cache))
+    cfg = load_config(None, env={})
+    tree = kernel.find_kernel_headers(cfg.kernel_headers, False).bcc_kernel_source or \
+        f"/lib/modules/{os.uname().release}/build"
+    monkeypatch.setenv("BCC_KERNEL_SOURCE", str(tmp_path / "not-a-tree"))
+    loader.begin_early()
+    assert len(made) == 2 and len(loader._early) == 2
+    kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
+    monkeypatch.setenv("BCC_KERNEL_SOURCE", tree)  # what prepare sets where the tree is not bcc's default
+    plan = probes.plan(cfg.probes_disable, off=probes.switched_off(cfg))
+    loader.compile_ahead(plan, loader.bpf_settings(cfg))
+    (got,) = loader.load(plan, loader.bpf_settings(cfg))
+    got.bpf.cleanup()
+    assert got.processes == "3 processes" and len(made) == 2 and not loader._early
+    check = compile_cache.get(str(cache), compile_cache.WARM)
+    assert check["early"] == compile_cache.early_hint(loader.unit_source())
+
+    made.clear()
+    loader.begin_early()
+    assert made == [] and loader._early == []
+    real = os.uname()
+    monkeypatch.setattr(os, "uname", lambda: type(real)((*real[:2], real.release + "x", *real[3:])))
+    loader.begin_early()
+    assert len(made) == 2
+    loader._stop_all(loader._take_early())
+    assert all(w.proc.returncode is not None for w in made)
 
 
 def test_the_warm_hint_follows_the_unit_flags_split_and_kernel(monkeypatch, tmp_path):
