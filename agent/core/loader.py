@@ -215,9 +215,10 @@ def _compile_quietly(text: str, cflags: list[str], progress: Callable[[str], Non
 # leaving the maps alone here: on the H100 host that compile ended 0.5 s before the slowest worker's,
 # and the two slowest parts were the two with uprobes (2026-12-06); with all six here, this part was
 # the slowest (0.86 s serially against 0.60-0.77) and the H100 host's first start waited for it alone.
-# The six now spread so that every part costs 0.69-0.76 s serially here, this one among the lightest:
-# it starts ~0.04 s before the workers, which import bcc first. On the GPU host the gain was within
-# the noise (docs/PERFORMANCE.md, 2026-12-07); kept for the serial balance. Every part is kept in the compile cache (compile_cache.py)
+# The six now spread so that every part costs 0.69-0.76 s serially here, this one among the lightest
+# (the workers then began after this process's bcc import; `run` now begins them first, begin_early).
+# On the GPU host the gain was within the noise (docs/PERFORMANCE.md, 2026-12-07); kept for the
+# serial balance. Every part is kept in the compile cache (compile_cache.py)
 # with the maps' description: a start whose parts are all cached makes the maps from it (mapset.py)
 # and compiles nothing. Measured: docs/PERFORMANCE.md.
 _HTTP_IN = ("http_read", "http_read_ret", "http_recvfrom", "http_recvfrom_ret", "http_close")
@@ -898,10 +899,10 @@ def begin_early() -> None:
     """`run` as root, before the CLI's import (click and the config: 0.13-0.19 s on the GPU hosts):
     libbcc's dlopen in a thread (ctypes drops the GIL for it; most of `import bcc` there), and the
     compile workers split_for will want, unless the last start of this unit on this kernel found every
-    part in the compile cache. A worker needs ~0.25 s there to start and import bcc: begun in
-    compile_ahead, after the CLI's import and the config, it got its part late and a worker's part
-    finished the compile. compile_ahead takes them; one never sent a part ends with this process
-    (its stdin closes)."""
+    part in the compile cache. A worker needs 0.2-0.27 s there to start Python and import bcc: begun
+    in compile_ahead, after the CLI's import and the config, it could compile only that long after
+    this process sent its part. compile_ahead takes them; one never sent a part ends with this
+    process (its stdin closes)."""
     if os.geteuid() != 0:
         return
     workers, _ = _worker_budget()
