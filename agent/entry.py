@@ -6,13 +6,16 @@ from __future__ import annotations
 import sys
 
 
-def main() -> None:
+def main():
     args = sys.argv[1:]
     # `run` only: its --help and --show-config compile nothing, and no other command compiles
     if args[:1] == ["run"] and not {"-h", "--help", "--show-config"} & set(args):
         from .core import loader
 
-        loader.begin_early()
+        try:
+            loader.begin_early()
+        except Exception:  # noqa: BLE001 - a head start only: compile_ahead does it all again and reports what fails
+            pass
     from .cli import main as cli_main
 
-    cli_main()
+    return cli_main()

@@ -216,7 +216,8 @@ def _compile_quietly(text: str, cflags: list[str], progress: Callable[[str], Non
 # and the two slowest parts were the two with uprobes (2026-12-06); with all six here, this part was
 # the slowest (0.86 s serially against 0.60-0.77) and the H100 host's first start waited for it alone.
 # The six now spread so that every part costs 0.69-0.76 s serially here, this one among the lightest
-# (the workers then began after this process's bcc import; `run` now begins them first, begin_early).
+# (the workers were then spawned just before this process's bcc import and had to start Python and
+# import bcc themselves; `run` now begins them before its CLI import, begin_early).
 # On the GPU host the gain was within the noise (docs/PERFORMANCE.md, 2026-12-07); kept for the
 # serial balance. Every part is kept in the compile cache (compile_cache.py)
 # with the maps' description: a start whose parts are all cached makes the maps from it (mapset.py)
@@ -301,10 +302,11 @@ def _worker_budget() -> tuple[int | None, str]:
     return max(n for n in WORKER_GROUPS if n <= workers), ""
 
 
-def split_for(plan: ProbePlan) -> tuple[tuple[Part, ...], str]:
+def split_for(plan: ProbePlan, budget: tuple[int | None, str] | None = None) -> tuple[tuple[Part, ...], str]:
     """(the parts, ""); (one part here, why no worker); or ((), why the unit compiles in one process
-    without the compile cache: asked for, or a host whose instructions cannot be moved)."""
-    workers, why = _worker_budget()
+    without the compile cache: asked for, or a host whose instructions cannot be moved). budget:
+    _worker_budget's answer taken earlier (begin_early's, before its workers were charged)."""
+    workers, why = budget or _worker_budget()
     if workers is None:
         return (), why
     if not workers:
@@ -600,9 +602,10 @@ def _compile(text: str, cflags: list[str], b: _Begun, progress: Callable[[str], 
                 compile_cache.put(cache, maps_key, {"maps": mapset.describe(bpf.module)})
             except (compile_cache.CacheError, mapset.MapSetError, OSError) as e:
                 complete, note = False, note + f"; maps not described for the compile cache: {e}"
-        if cache and writable and complete and maps_key and not b.warm:
+        early = compile_cache.early_hint(text)
+        if cache and writable and complete and maps_key and not (b.warm and compile_cache.warm(cache, early, "early")):
             try:  # the next start (same unit, split and kernel) starts no worker ahead
-                compile_cache.mark_warm(cache, b.hint, compile_cache.early_hint(text))
+                compile_cache.mark_warm(cache, b.hint, early)
             except compile_cache.CacheError:
                 pass  # a hint: the next start only starts its workers ahead as before
         elif cache and b.warm and not complete:  # a part the cache will not hold (yet): workers ahead again
@@ -837,7 +840,7 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
     on the H200), so the two overlap: libbcc runs LLVM with the GIL released (a ctypes call).
     libbcc 0.26 cannot compile two units at once (a SIGSEGV, seen): load() waits for this one."""
     global _ahead
-    early = _take_early()  # begin_early's workers: sent parts below, or stopped
+    early, budget = _take_early()  # begin_early's workers, sent parts below or stopped, and its count
     if _ahead is not None or not plan.enabled():
         _stop_all(early)
         return
@@ -846,7 +849,9 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
     except LoadError:
         _stop_all(early)
         return  # load() reports it
-    split = split_for(plan)
+    # the count begin_early made: counted again now, the room below a memory limit would be short by
+    # what its workers and libbcc's load have charged since (~50 MiB a worker), and the split smaller
+    split = split_for(plan, budget)
     key = (unit_source(), tuple(cflags_for(plan, settings)))
     warm = _warm(key[0], list(key[1]), split)
     if warm[1]:  # the cache most likely holds every part: workers would be started and stopped for nothing
@@ -887,32 +892,37 @@ def compile_ahead_for(cfg, progress: Callable[[str], None] | None = None) -> Non
     try:
         kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)  # Agent.start logs
     except kernel.KernelSetupError:
-        _stop_all(_take_early())
+        _stop_early()
         return
     compile_ahead(probes.plan(cfg.probes_disable, off=probes.switched_off(cfg)), bpf_settings(cfg), progress)
 
 
 _early: list[_Worker] = []
+_early_budget: tuple[int | None, str] | None = None
 
 
 def begin_early() -> None:
-    """`run` as root, before the CLI's import (click and the config: 0.13-0.19 s on the GPU hosts):
+    """`run` as root, before the CLI's import (click and the config: 0.13-0.19 s on the quiet H100 host):
     libbcc's dlopen in a thread (ctypes drops the GIL for it; most of `import bcc` there), and the
     compile workers split_for will want, unless the last start of this unit on this kernel found every
     part in the compile cache. A worker needs 0.2-0.27 s there to start Python and import bcc: begun
     in compile_ahead, after the CLI's import and the config, it could compile only that long after
     this process sent its part. compile_ahead takes them; one never sent a part ends with this
-    process (its stdin closes)."""
-    if os.geteuid() != 0:
+    process (its stdin closes), or at its exit."""
+    global _early_budget
+    if os.geteuid() != 0 or _early_budget is not None:
         return
-    workers, _ = _worker_budget()
+    _early_budget = _worker_budget()
+    workers = _early_budget[0]
     cache = compile_cache.directory()
     if workers and not (cache and compile_cache.warm(cache, compile_cache.early_hint(unit_source()), "early")):
+        atexit.register(_stop_early)  # a config or usage error exits before compile_ahead takes them
         try:
             for _ in range(workers):
                 _early.append(_Worker())
         except OSError:  # compile_ahead tries again
-            _stop_all(_take_early())
+            _stop_all(_early)
+            _early.clear()
     try:  # after the workers: a fork waits for a dlopen in progress (glibc holds its loader lock)
         threading.Thread(target=_preload_libbcc, name="bcc-preload", daemon=True).start()
     except RuntimeError:  # no thread (TasksMax): bcc's import loads it
@@ -931,10 +941,17 @@ def _preload_libbcc() -> None:
         pass  # bcc's import loads it (and reports what fails)
 
 
-def _take_early() -> list[_Worker]:
-    got = _early[:]
+def _take_early() -> tuple[list[_Worker], tuple[int | None, str] | None]:
+    """begin_early's workers and worker budget, once."""
+    global _early_budget
+    got, budget = _early[:], _early_budget
     _early.clear()
-    return got
+    _early_budget = None
+    return got, budget
+
+
+def _stop_early() -> None:
+    _stop_all(_take_early()[0])
 
 
 def _take_ahead(key: tuple):

@@ -187,7 +187,7 @@ def test_no_worker_outlives_a_begin_or_a_compile_ahead_that_fails(monkeypatch):
     monkeypatch.setenv(compile_cache.ENV, "off")
     _FakeWorker.made = []
     monkeypatch.setattr(loader, "_check_header_tree", lambda: None)
-    monkeypatch.setattr(loader, "split_for", lambda plan: (parts, ""))
+    monkeypatch.setattr(loader, "split_for", lambda plan, budget=None: (parts, ""))
     monkeypatch.setattr(loader, "_bpf_class", lambda: None)
 
     def no_thread(self):
@@ -208,7 +208,7 @@ def test_workers_begun_early_and_not_sent_a_part_are_stopped(monkeypatch):
     monkeypatch.setattr(loader, "_Worker", _FakeWorker)
     monkeypatch.setenv(compile_cache.ENV, "off")
     parts = (loader.Part(("MCP_PROBE_A",), ()), loader.Part(("MCP_PROBE_B",), ()), loader.Part(("MCP_PROBE_C",), ()))
-    monkeypatch.setattr(loader, "split_for", lambda plan: (parts, ""))
+    monkeypatch.setattr(loader, "split_for", lambda plan, budget=None: (parts, ""))
 
     def early(n):
         _FakeWorker.made = []
@@ -252,6 +252,31 @@ def test_workers_begun_early_and_not_sent_a_part_are_stopped(monkeypatch):
     assert len(_FakeWorker.made) == 3 and all(w.sent for w in _FakeWorker.made)  # two begun early, one more now
 
 
+def test_the_split_is_the_count_begin_early_made_before_its_workers_were_charged(monkeypatch):
+    """Six early workers take ~300 MiB of a memory cgroup's room: counted again after them, the room
+    would allow none, and the start would compile in one process (its parts cached under another split
+    than the next start's). compile_ahead splits by begin_early's count and sends all six a part."""
+    monkeypatch.setattr(loader, "_Worker", _FakeWorker)
+    monkeypatch.setattr(loader, "_preload_libbcc", lambda: None)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setenv(compile_cache.ENV, "off")
+    monkeypatch.delenv(loader.SPLIT_ENV, raising=False)
+    _FakeWorker.made = []
+    room = loader.START_MEMORY + 6 * loader.WORKER_MEMORY
+    monkeypatch.setattr(loader, "memcg_headroom",
+                        lambda: room - sum(not w.stopped for w in _FakeWorker.made) * loader.WORKER_MEMORY)
+    loader.begin_early()
+    assert len(_FakeWorker.made) == 6
+    assert [p.here for p in loader.split_for(_plan())[0]] == [True]  # counted now: no room for a worker
+    monkeypatch.setattr(loader, "_check_header_tree", lambda: None)
+    monkeypatch.setattr(loader, "_bpf_class", lambda: None)
+    loader.compile_ahead(_plan(), {})
+    loader.drop_ahead()
+    assert len(_FakeWorker.made) == 6 and all(w.sent for w in _FakeWorker.made)
+    assert loader._take_early() == ([], None)
+
+
 def test_the_entry_begins_early_only_for_a_run_that_compiles(monkeypatch):
     from mcp_hostagent import cli, entry
 
@@ -265,6 +290,16 @@ def test_the_entry_begins_early_only_for_a_run_that_compiles(monkeypatch):
         monkeypatch.setattr(sys, "argv", ["mcp-agent", *argv])
         entry.main()
         assert calls == (["early", "cli"] if early else ["cli"]), argv
+
+    def fails():
+        calls.append("early")
+        raise OSError("no /proc")
+
+    monkeypatch.setattr(loader, "begin_early", fails)
+    calls.clear()
+    monkeypatch.setattr(sys, "argv", ["mcp-agent", "run"])
+    entry.main()
+    assert calls == ["early", "cli"]  # a head start that fails leaves the CLI to do it all and report
 
 
 def test_the_groups_name_real_sources_and_probes_and_none_is_empty():
@@ -921,6 +956,9 @@ def test_a_warm_cache_starts_no_worker_ahead_and_a_cold_one_does(monkeypatch, tm
     hint = compile_cache.get(str(cache), compile_cache.WARM)["hint"]
     monkeypatch.setattr(loader, "_Worker", Counted)
     assert ahead_then_load() == (0, 0, "1 process, 3 parts and the maps from the compile cache")
+    compile_cache.put(str(cache), compile_cache.WARM, {"hint": hint})  # as stored before the early hint
+    assert ahead_then_load()[:2] == (0, 0)  # warm: and it adds the early hint, for `run`'s begin_early
+    assert compile_cache.warm(str(cache), compile_cache.early_hint(loader.unit_source()), "early")
     theirs, _ = _entries(cache)
     theirs[0].unlink()
     assert ahead_then_load() == (1, 1, "2 processes, 2 parts from the compile cache")  # _begin's, in compile_ahead
@@ -971,12 +1009,12 @@ def test_workers_begun_before_the_config_compile_with_the_tree_their_request_nam
 
     made.clear()
     loader.begin_early()
-    assert made == [] and loader._early == []
+    assert made == [] and loader._take_early() == ([], (2, ""))
     real = os.uname()
     monkeypatch.setattr(os, "uname", lambda: type(real)((*real[:2], real.release + "x", *real[3:])))
     loader.begin_early()
     assert len(made) == 2
-    loader._stop_all(loader._take_early())
+    loader._stop_early()
     assert all(w.proc.returncode is not None for w in made)
 
 
