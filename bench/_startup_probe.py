@@ -2,7 +2,7 @@
 
     python bench/_startup_probe.py OUT.json run --no-status ...
 
-Runs the CLI's own main() in this process, exactly as the `mcp-agent` entry point does, after
+Runs the entry point's main() in this process, as `mcp-agent` does (begin_early timed first), after
 wrapping the functions that make up start-up and shutdown: each wrapper records (name, start, end)
 in CLOCK_MONOTONIC ns, which the parent shares, so the steps line up with its spawn, READY=1,
 SIGTERM and exit times. The record is written at exit, by the first atexit handler registered (so
@@ -54,12 +54,18 @@ def timed(owner, attr: str, name: str, once: bool = False) -> None:
 
 t0 = time.monotonic_ns()
 from mcp_hostagent import entry  # noqa: E402
-importlib.import_module("mcp_hostagent.cli")  # click, config: what the entry point imports for `run`
+from mcp_hostagent.core import loader  # noqa: E402
+
+if sys.argv[1:2] == ["run"]:
+    loader.begin_early()  # what the entry point does first for `run` (its later call is then a no-op)
+spans.append(("begin early (loader import, workers, libbcc)", t0, time.monotonic_ns()))
+t0 = time.monotonic_ns()
+importlib.import_module("mcp_hostagent.cli")  # click, config: what the entry point imports next
 
 spans.append(("import cli (click, config)", t0, time.monotonic_ns()))
 t0 = time.monotonic_ns()
 from mcp_hostagent import control, exporters, sdnotify  # noqa: E402
-from mcp_hostagent.core import agent, loader  # noqa: E402
+from mcp_hostagent.core import agent  # noqa: E402
 from mcp_hostagent.cuda.capability import CudaProbes  # noqa: E402
 from mcp_hostagent.gpuhealth.capability import GpuHealth  # noqa: E402
 from mcp_hostagent.telemetry.otel import Telemetry  # noqa: E402

@@ -56,6 +56,7 @@ TIMELINES = ("timeline", "first-timeline")  # the kinds run under _startup_timel
 # (step name in _startup_probe.py, what the report calls it), in start-up order; "other" is the rest
 START_STEPS = [
     ("python start-up", "interpreter and site start-up (to the first line of the CLI)"),
+    ("begin early (loader import, workers, libbcc)", "begin early: import the loader, start workers, load libbcc"),
     ("import cli (click, config)", "import the CLI (click, config)"),
     ("import pipeline (OTel SDK, psutil, ...)", "import the pipeline (OTel SDK, psutil, ...)"),
     ("kernel: tracefs, headers", "kernel: tracefs, find headers"),
@@ -192,7 +193,7 @@ def steps(rec: dict, t_spawn: int, t_ready: int, t_term: int, t_stopping: int | 
     dur = lambda n: sum(t1 - t0 for t0, t1 in sp.get(n, [])) / 1e9  # noqa: E731
     first = lambda n: sp[n][0] if sp.get(n) else (0, 0)  # noqa: E731
     out = {"python start-up": (marks["main"] - t_spawn) / 1e9}
-    for n in ("import cli (click, config)", "import pipeline (OTel SDK, psutil, ...)", "kernel: tracefs, headers",
+    for n in ("begin early (loader import, workers, libbcc)", "import cli (click, config)", "import pipeline (OTel SDK, psutil, ...)", "kernel: tracefs, headers",
               "exporters: build", "cuda: libcuda scan, calibration", "telemetry: providers", "gpu health sources",
               "control socket"):
         out[n] = dur(n)
