@@ -55,6 +55,9 @@ def main() -> int:
         signal.signal(sig, signal.SIG_IGN)
     reply = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # libbcc prints some errors on stdout, which carries the reply
+    from ..entry import quiet_bcc_escape_warnings
+
+    quiet_bcc_escape_warnings()  # this stderr is shown with a failed compile's own messages
     # bcc first: the agent starts this process before its own import of bcc and writes the request
     # once it knows the part is not in the compile cache (it closes stdin unwritten when it is)
     from bcc import BPF
