@@ -18,11 +18,15 @@ def quiet_bcc_escape_warnings() -> None:
                                 module=r".*[/\\]bcc[/\\]")  # a compile warning's module is its file's path
 
 
+def compiles(args: list[str]) -> bool:
+    """Whether the command line args (without the program) compiles BPF: `run` only, and not its
+    --help or --show-config."""
+    return args[:1] == ["run"] and not {"-h", "--help", "--show-config"} & set(args)
+
+
 def main():
     quiet_bcc_escape_warnings()
-    args = sys.argv[1:]
-    # `run` only: its --help and --show-config compile nothing, and no other command compiles
-    if args[:1] == ["run"] and not {"-h", "--help", "--show-config"} & set(args):
+    if compiles(sys.argv[1:]):
         from .core import loader
 
         try:

@@ -56,7 +56,7 @@ t0 = time.monotonic_ns()
 from mcp_hostagent import entry  # noqa: E402
 from mcp_hostagent.core import loader  # noqa: E402
 
-if sys.argv[1:2] == ["run"]:
+if entry.compiles(sys.argv[1:]):
     loader.begin_early()  # what the entry point does first for `run` (its later call is then a no-op)
 spans.append(("begin early (loader import, workers, libbcc)", t0, time.monotonic_ns()))
 t0 = time.monotonic_ns()

@@ -142,15 +142,18 @@ def hint(text: str, cflags: list[str], parts: list) -> str:
     """What a start can know before importing bcc (key() cannot): the unit, its flags, its split and
     the kernel. Equal to the last start's stored hint (warm()), every entry is most likely here: the
     loader then starts no compile worker ahead of the look-ups."""
-    uname = os.uname()
-    return hashlib.sha256(json.dumps([text, cflags, parts, uname.release, uname.version]).encode()).hexdigest()
+    return _on_this_kernel(text, cflags, parts)
 
 
 def early_hint(text: str) -> str:
     """What `run` knows before reading its config (loader.begin_early): the unit and the kernel. Equal
     to the last start's (warm(path, e, "early")), that start most likely left every part here too."""
+    return _on_this_kernel(text)
+
+
+def _on_this_kernel(*items) -> str:
     uname = os.uname()
-    return hashlib.sha256(json.dumps([text, uname.release, uname.version]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([*items, uname.release, uname.version]).encode()).hexdigest()
 
 
 def warm(path: str, h: str, field: str = "hint") -> bool:
