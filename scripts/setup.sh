@@ -8,7 +8,10 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.venv"
 SYS_PY=/usr/bin/python3                  # Debian's python: the one python3-bpfcc is packaged for
 DIST=/usr/lib/python3/dist-packages      # where python3-bpfcc puts the bcc module
-PKGS=(python3-bpfcc libbpfcc bpfcc-tools python3-venv python3-dev strace stress-ng tmux iproute2 make gcc)
+# golang-go and nodejs: the real third-party HTTP servers of tests/http/realservers.py (Go net/http,
+# Node http). A nodejs already installed from another source (e.g. NodeSource, same package name)
+# counts as installed and is kept.
+PKGS=(python3-bpfcc libbpfcc bpfcc-tools python3-venv python3-dev strace stress-ng tmux iproute2 make gcc golang-go nodejs)
 # Without recommends: Debian's prometheus recommends prometheus-node-exporter (and its IPMI/SNMP
 # tools). The tests run /usr/bin/prometheus and promtool themselves, on free ports; the packaged
 # service is not needed (its postinst does not start it where there is no systemd or a policy-rc.d

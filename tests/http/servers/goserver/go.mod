@@ -1,0 +1,3 @@
+module goserver
+
+go 1.19
