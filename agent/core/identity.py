@@ -14,6 +14,7 @@ import posixpath
 import re
 import threading
 import time
+import unicodedata
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -25,36 +26,45 @@ from ..redact import command_line as _command_line
 
 # --- hostile text ------------------------------------------------------------------------------
 
-# C0, DEL, C1, line/paragraph separators, bidi embeddings/overrides/isolates and marks (they can make
-# a terminal or a trace UI show text other than the bytes), and lone surrogates: psutil decodes /proc
-# with surrogateescape, and a surrogate would make the OTLP encoder raise.
-_ESCAPE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+# Escaped, by Unicode general category: Cc (C0, DEL, C1), Cf (format: bidi embeddings, overrides,
+# isolates and marks such as U+202E, zero-width U+200B..U+200F, U+2060.., U+FEFF, tags: they can make a
+# terminal or a trace UI show text other than the bytes, or two different names look the same), Zl and
+# Zp (U+2028, U+2029), and Cs (lone surrogates: psutil decodes /proc with surrogateescape, and a
+# surrogate would make the OTLP encoder raise). One rule for every name that leaves the agent (span
+# resources, metric labels, events, `top`): top/text.py escapes only what a terminal adds (Cn, Co).
+ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _MARKER = "…"
 
 
-def _escape_char(ch: str) -> str:
+def escaped(ch: str) -> bool:
+    return unicodedata.category(ch) in ESCAPED_CATEGORIES
+
+
+def escape_char(ch: str) -> str:
     cp = ord(ch)
     if 0xDC80 <= cp <= 0xDCFF:  # a raw byte carried by surrogateescape: show the byte
         cp -= 0xDC00
-    return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}"
+    return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
 
 
 def sanitize_text(value: bytes | str, max_len: int = 256) -> str:
-    """Printable, bounded text: control and bidi characters as \\xNN / \\uNNNN, at most max_len chars,
-    ending in "…" when cut. Invalid UTF-8 bytes come out as \\xNN, as errors="backslashreplace" would
-    write them; decoding through surrogateescape instead keeps an escape from being cut in half."""
+    """Printable, bounded text: control, format (bidi, zero-width) and line/paragraph separator
+    characters (ESCAPED_CATEGORIES) as \\xNN / \\uNNNN / \\UNNNNNNNN, at most max_len chars, ending in
+    "…" when cut. Invalid UTF-8 bytes come out as \\xNN, as errors="backslashreplace" would write
+    them; decoding through surrogateescape instead keeps an escape from being cut in half."""
     if max_len <= 0:
         return ""
     if isinstance(value, (bytes, bytearray, memoryview)):
         # A character takes at most 4 bytes, so this prefix still decodes to more than max_len chars.
         value = bytes(value[: 4 * (max_len + 1)]).decode("utf-8", "surrogateescape")
     text = value[: max_len + 1]
-    escaped = _ESCAPE.sub(lambda m: _escape_char(m.group()), text)
-    if len(escaped) <= max_len:
-        return escaped
+    # isprintable() is False for every escaped category (and for a few kept: Zs but SP, Co, Cn)
+    out_text = text if text.isprintable() else "".join(escape_char(c) if escaped(c) else c for c in text)
+    if len(out_text) <= max_len:
+        return out_text
     out, used = [], 0
     for ch in text:
-        piece = _escape_char(ch) if _ESCAPE.match(ch) else ch
+        piece = escape_char(ch) if escaped(ch) else ch
         if used + len(piece) >= max_len:
             break
         out.append(piece)

@@ -13,6 +13,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from ..core.identity import sanitize_text
 from ..core.tracefs import RecordError, TracepointFormat, decode_captured, parse_format
 
 # include/trace/events/oom.h TRACE_EVENT(mark_victim), kernel 6.x (the fields after pid came in 6.8);
@@ -43,7 +44,7 @@ MARK_VICTIM_FORMAT = dataclasses.replace(parse_format(MARK_VICTIM_FORMAT_TEXT), 
 @dataclass(frozen=True)
 class OomKill:
     victim: int  # the killed task's pid (as the kernel chose it: a thread group's task holding its mm)
-    comm: str  # untrusted
+    comm: str  # the victim's comm, identity.sanitize_text'd
     anon_rss_kb: int | None  # None on kernels whose record lacks the field
     file_rss_kb: int | None
     shmem_rss_kb: int | None
@@ -67,8 +68,8 @@ def decode_mark_victim(raw: bytes, fmt: TracepointFormat = MARK_VICTIM_FORMAT, c
         return None if v is None else int(v)
 
     try:
-        return OomKill(int(rec["pid"]), str(rec.get("comm", ""))[:64], num("anon_rss"), num("file_rss"),
-                       num("shmem_rss"), num("oom_score_adj"), int(rec.get("common_pid", 0)))
+        return OomKill(int(rec["pid"]), sanitize_text(str(rec.get("comm", "")), 64), num("anon_rss"),
+                       num("file_rss"), num("shmem_rss"), num("oom_score_adj"), int(rec.get("common_pid", 0)))
     except (KeyError, ValueError, TypeError) as e:
         raise RecordError(f"{fmt.name}: field {e} missing or not a number") from None
 

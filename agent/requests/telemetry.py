@@ -105,7 +105,16 @@ def request_span(fr: FinishedRequest, proc_attrs: dict, evidence) -> SpanSpec:
                     error=fr.error_text if fr.is_error else None, resource=proc_attrs)
 
 
+# hostagent.request.duration's labels: whose requests, boundedly. The executable's name alone is
+# anybody's to choose (another user's binary named `vllm` would merge into the real vLLM's series), so
+# its owner (process.owner: a user name, or the uid where it has none) and, where the agent knows them,
+# its container and pod split the series by who could have started it. No pid, command line, start
+# time or cgroup path: one series per process or per argv would be unbounded.
+DURATION_IDENTITY = ("process.owner", "container.id", "k8s.pod.uid")
+
+
 def duration_row(fr: FinishedRequest, proc_attrs: dict) -> tuple[float, dict]:
-    return (fr.end_ns - fr.begin_ns) / 1e9, {
-        "process.executable.name": proc_attrs.get("process.executable.name", ""),
-        "hostagent.request.end_reason": fr.end_reason}
+    labels = {"process.executable.name": proc_attrs.get("process.executable.name", "")}
+    labels.update({k: proc_attrs[k] for k in DURATION_IDENTITY if proc_attrs.get(k)})
+    labels["hostagent.request.end_reason"] = fr.end_reason
+    return (fr.end_ns - fr.begin_ns) / 1e9, labels

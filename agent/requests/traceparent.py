@@ -17,9 +17,14 @@ class TraceParent:
 
 
 def parse(raw: bytes) -> TraceParent | None:
-    """Valid version-00 (or later, forward-compatible) traceparent -> ids; anything else -> None."""
-    m = _TP.fullmatch(raw)
-    if not m:
+    """Valid version-00 (or later, forward-compatible) traceparent -> ids; anything else -> None.
+
+    Version 00 is exactly 55 characters. A later version is read, as W3C Trace Context's versioning
+    rule says (and OTel's own propagators do), by its first 55 characters, provided whatever follows
+    them starts with "-": the marker's field (docs/MARKER.md) carries at most 56 characters of a
+    longer value for that check."""
+    m = _TP.fullmatch(raw[:55])
+    if not m or (len(raw) > 55 and (raw[:2] == b"00" or raw[55:56] != b"-")):
         return None
     version, trace_id, span_id, flags = m.groups()
     # version ff is forbidden; all-zero trace or parent id is invalid by the spec.

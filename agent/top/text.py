@@ -1,7 +1,8 @@
 """Text that fits a terminal: widths in display cells, sanitised and fitted strings, number formats.
 
-Separate so that every string bound for the screen passes one pure place: identity.sanitize_text,
-format characters escaped, then cut by display cells, so escape sequences, bidi tricks, wide
+Separate so that every string bound for the screen passes one pure place: identity.sanitize_text
+(the agent's one rule for names: control, format and separator characters escaped), unassigned and
+private-use characters escaped too, then cut by display cells, so escape sequences, bidi tricks, wide
 characters, very long names and non-UTF-8 bytes can neither move the cursor nor push a column out
 of place.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import time
 import unicodedata
 
-from ..core.identity import sanitize_text
+from ..core.identity import escape_char, sanitize_text
 
 Segment = tuple[str, str | None]  # (text, style); styles: title head sel warn dim ok
 Line = list[Segment]
@@ -27,13 +28,16 @@ def cells(text: str) -> int:
     return sum(char_cells(c) for c in text)
 
 
+_TERMINAL_ONLY = ("Cn", "Co")  # what a terminal may draw as anything, of any width; exports keep them
+
+
 def _safe(text: str) -> str:
-    """sanitize_text, plus format characters (zero-width joiners and the like) escaped: on a
-    terminal they are invisible and make the cell count lie."""
+    """sanitize_text (format characters such as zero-width joiners included: invisible on a terminal,
+    they make the cell count lie), plus unassigned and private-use characters escaped the same way."""
     text = sanitize_text(text, 4096)
-    if all(unicodedata.category(c)[0] != "C" for c in text):
+    if text.isprintable():
         return text
-    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cf", "Cn", "Co") else c for c in text)
+    return "".join(escape_char(c) if unicodedata.category(c) in _TERMINAL_ONLY else c for c in text)
 
 
 def fit(text, width: int, align: str = "<") -> str:

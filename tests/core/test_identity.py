@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from datetime import datetime
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import given, strategies as st
 
 from mcp_hostagent.core.identity import (
     CgroupInfo,
@@ -70,6 +72,48 @@ def test_sanitize_text_table(value, expected):
     out = sanitize_text(value)
     assert out == expected
     out.encode("utf-8")  # strict: nothing an exporter could choke on
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        # Cf (format) characters, every one escaped: bidi, zero-width, invisible operators, BOM, tags
+        ("a\u200bb\u200cc\u200dd", "a\\u200bb\\u200cc\\u200dd"),
+        ("\u061c\u200e\u200f", "\\u061c\\u200e\\u200f"),
+        ("soft\u00adhyphen", "soft\\xadhyphen"),  # below U+0100: \\xNN, as C1 is
+        ("\u2060\u2061\u2064\u206a\u206f\ufeff\ufff9", "\\u2060\\u2061\\u2064\\u206a\\u206f\\ufeff\\ufff9"),
+        ("tag\U000e0001\U000e0041", "tag\\U000e0001\\U000e0041"),
+        ("\u0600\u180e\U000110bd", "\\u0600\\u180e\\U000110bd"),
+        # kept: what is visible, or a space; private-use and unassigned are the terminal's (top/text.py)
+        ("nb\u00a0sp\u3000x", "nb\u00a0sp\u3000x"),
+        ("\ue000\U0010fffd", "\ue000\U0010fffd"),
+        ("\u0301e\u0301", "\u0301e\u0301"),  # combining marks (Mn)
+    ],
+)
+def test_sanitize_text_escapes_every_format_character(value, expected):
+    assert sanitize_text(value) == expected
+
+
+@given(st.text(max_size=300))
+def test_sanitize_text_never_lets_an_escaped_category_through(value):
+    import unicodedata
+
+    out = sanitize_text(value)
+    assert not any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp") for c in out)
+    assert len(out) <= 256
+    out.encode("utf-8")
+
+
+def test_oom_victim_name_is_sanitized():
+    import struct
+
+    from mcp_hostagent.reclaim.oom import decode_mark_victim
+
+    comm = "py\u202eevil\x1b".encode()
+    fixed = bytearray(72)
+    struct.pack_into("<iI", fixed, 8, 42, (len(comm) + 1) << 16 | 72)
+    kill = decode_mark_victim(bytes(fixed) + comm + b"\0")
+    assert kill.comm == "py\\u202eevil\\x1b" and kill.attributes()["hostagent.oom.victim.name"] == kill.comm
 
 
 def test_sanitize_text_matches_backslashreplace_for_invalid_utf8():
@@ -518,6 +562,57 @@ def test_registry_sanitizes_hostile_names(tmp_path):
     info = ProcessRegistry(proc_root=str(root)).lookup(7)
     assert info.comm == "x\\x1b[2J"
     assert info.command_line == "'x\\x1b[2J' '--name=\\u202eevil' 'a b'"
+
+
+HOSTILE = "evil\u202egpj\u200b"  # 13 bytes: the whole of it is the comm too (at most 15)
+
+
+@pytest.fixture
+def hostile_child(tmp_path):
+    """A real process whose comm, executable and argv[0] hold U+202E and U+200B: a copy of sleep."""
+    exe = tmp_path / HOSTILE
+    shutil.copy(shutil.which("sleep"), exe)
+    child = subprocess.Popen([str(exe), "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child.pid}/comm").read_bytes().rstrip(b"\n") != HOSTILE.encode():
+            assert time.monotonic() < deadline, "the child never exec'd"
+            time.sleep(0.01)
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_real_process_with_bidi_characters_in_its_names(hostile_child):
+    from mcp_hostagent.core.processes import Processes, metric_identity
+    from mcp_hostagent.top.text import fit
+
+    escaped = "evil\\u202egpj\\u200b"
+    info = ProcessRegistry().lookup(hostile_child.pid)
+    assert info.comm == escaped and info.exe_name == escaped
+    assert escaped in info.command_line and info.command_line.endswith(" 30")
+    attrs = Processes().attrs(hostile_child.pid, HOSTILE.encode())  # span resource
+    assert attrs["process.executable.name"] == escaped
+    assert metric_identity(attrs)["process.executable.name"] == escaped  # metric labels
+    assert fit(attrs["process.executable.name"], 40).rstrip() == escaped  # `top`
+    for v in attrs.values():
+        assert "\u202e" not in str(v) and "\u200b" not in str(v)
+    # the same rule for the kernel's comm when /proc is gone: the BPF record's bytes
+    assert ProcessRegistry().lookup(2**22 + 1, comm_hint=HOSTILE.encode() + b"\0\0").comm == escaped
+
+
+def test_a_real_process_renamed_by_prctl(tmp_path):
+    code = ("import ctypes, sys, time; n = sys.argv[1].encode(); "
+            "ctypes.CDLL(None).prctl(15, ctypes.c_char_p(n), 0, 0, 0); print(flush=True); time.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", code, "a\u202eb\u2066c"], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()
+        assert Path(f"/proc/{child.pid}/comm").read_text().rstrip("\n") == "a\u202eb\u2066c"
+        assert ProcessRegistry().lookup(child.pid).comm == "a\\u202eb\\u2066c"
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_registry_cache_is_lru_bounded_and_forgets(tmp_path):

@@ -34,6 +34,87 @@ def test_wire_format_is_the_headers():
         [(n, getattr(R.Mark, n).offset) for n, _ in R.Mark._fields_]
 
 
+TP00 = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def _through_the_agent(traceparent):
+    """What the agent makes of begin(traceparent): the marker's struct, copied whole by the kernel
+    (requests.bpf.c memcpy's MCP_TRACEPARENT_LEN bytes) into a BEGIN record, decoded and joined."""
+    from mcp_hostagent.core import decode as D
+    from mcp_hostagent.requests import records
+    from mcp_hostagent.requests.join import RequestJoiner
+
+    mark = M.Mark(M.MAGIC, M.VERSION, M.OP_BEGIN, 5, M._wire(M._as_bytes(traceparent)))
+    kernel = R.EvReqBegin(R.Hdr(R.C["MCP_EV_REQ_BEGIN"], ctypes.sizeof(R.EvReqBegin), 10, 11, 0, 1000, 77, b"srv"),
+                          mark.request_id)
+    ctypes.memmove(ctypes.addressof(kernel) + R.EvReqBegin.traceparent.offset,
+                   ctypes.addressof(mark) + M.Mark.traceparent.offset, M.TRACEPARENT_LEN)
+    end = R.EvReqEnd(R.Hdr(R.C["MCP_EV_REQ_END"], ctypes.sizeof(R.EvReqEnd), 10, 11, 0, 5000, 77, b"srv"),
+                     5, 1000, 0, 0, R.Counters())
+    j = RequestJoiner()
+    j.on_begin(D.decode(bytes(kernel), records.DECODERS)[0])
+    fr = j.on_end(D.decode(bytes(end), records.DECODERS)[0])
+    return fr.traceparent_state, fr.parent
+
+
+@pytest.mark.parametrize("traceparent, state", [
+    (TP00, "valid"),
+    (TP00.encode(), "valid"),
+    (None, "missing"),
+    ("", "missing"),
+    # version 00 is exactly 55 characters: cut to 55, these would arrive valid
+    (TP00 + "x", "invalid"),
+    (TP00 + "-", "invalid"),
+    (TP00 + "0" * 200, "invalid"),
+    (TP00 + "\0", "invalid"),
+    (TP00[:20] + "\0" + TP00[21:], "invalid"),
+    (TP00 + " ", "invalid"),
+    (TP00 + "\u202e", "invalid"),  # a str's non-ASCII character goes as "?"
+    (TP00 + ", " + TP00, "invalid"),  # two fields combined (RFC 9110 5.3)
+    # a later version: its first 55 characters, when "-" follows them (W3C's versioning rule)
+    ("01" + TP00[2:], "valid"),
+    ("01" + TP00[2:] + "-what-comes-next", "valid"),
+    ("01" + TP00[2:] + "x", "invalid"),
+    ("01" + TP00[2:] + "\0-x", "invalid"),
+    ("ff" + TP00[2:] + "-x", "invalid"),
+])
+def test_an_invalid_traceparent_never_arrives_valid(traceparent, state):
+    got, parent = _through_the_agent(traceparent)
+    assert got == state
+    if state == "valid":
+        assert (parent.trace_id, parent.span_id) == (0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7)
+
+
+def test_wire_bytes():
+    assert M._wire(TP00.encode()) == TP00.encode()  # 55 + the struct's NUL
+    assert bytes(M.Mark(0, 0, 0, 0, M._wire(TP00.encode())))[16:] == TP00.encode() + b"\0"
+    long = (TP00 + "abc").encode()
+    assert M._wire(long) == long[:56] and bytes(M.Mark(0, 0, 0, 0, M._wire(long)))[16:] == long[:56]  # no NUL
+    assert M._wire(b"a\0b") == b"a?b"
+
+
+def test_asgi_middleware_combines_two_traceparents(monkeypatch):
+    import asyncio
+
+    from mcp_hostagent_marker import asgi
+
+    sent = []
+    monkeypatch.setattr(asgi, "begin", lambda rid, tp: sent.append(tp))
+    monkeypatch.setattr(asgi, "end", lambda rid: None)
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.body"})
+
+    async def noop(message):
+        pass
+
+    for headers, want in (([(b"traceparent", b"a")], b"a"), ([(b"host", b"h")], None),
+                          ([(b"traceparent", b"a"), (b"x", b"y"), (b"traceparent", b"b")], b"a, b")):
+        sent.clear()
+        asyncio.run(asgi.MarkRequests(app)({"type": "http", "headers": headers}, None, noop))
+        assert sent == [want]
+
+
 def test_imports_nothing_beyond_the_standard_library():
     code = ("import sys, mcp_hostagent_marker, mcp_hostagent_marker.asgi; "
             "print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))")

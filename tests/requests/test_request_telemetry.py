@@ -235,20 +235,38 @@ def test_request_span_error_only_for_error_end_reasons(reason, error):
 
 # ---- duration_row ----
 
+SRV = {"process.executable.name": "srv", "process.owner": "alice", "container.id": "c1"}
+
+
 @pytest.mark.parametrize("fr,proc,row", [
-    # seconds; labels bounded: the executable name and the end reason, nothing per request or command line
-    (finished(), PROC, (0.0025, {"process.executable.name": "srv", "hostagent.request.end_reason": "marked"})),
+    # seconds; labels bounded: the executable name, who owns it (user, container, pod, where known) and
+    # the end reason; nothing per request, process or command line
+    (finished(), PROC, (0.0025, {**SRV, "hostagent.request.end_reason": "marked"})),
     (finished(end_reason="expired", begin_ns=0, end_ns=30_000_000_000), {},
      (30.0, {"process.executable.name": "", "hostagent.request.end_reason": "expired"})),
     (finished(begin_ns=7, end_ns=7), {"process.executable.name": "py", "process.pid": 3},
      (0.0, {"process.executable.name": "py", "hostagent.request.end_reason": "marked"})),
     (finished(begin_ns=1_000, end_ns=1_500), PROC,
-     (5e-7, {"process.executable.name": "srv", "hostagent.request.end_reason": "marked"})),
+     (5e-7, {**SRV, "hostagent.request.end_reason": "marked"})),
+    (finished(), {**PROC, "k8s.pod.uid": "u1", "process.creation.time": "t", "hostagent.cgroup.path": "/x"},
+     (0.0025, {**SRV, "k8s.pod.uid": "u1", "hostagent.request.end_reason": "marked"})),
 ])
 def test_duration_row(fr, proc, row):
     assert T.duration_row(fr, proc) == row
+    assert list(T.duration_row(fr, proc)[1])[-1] == "hostagent.request.end_reason"
     assert T.DURATION == "hostagent.request.duration"
     assert [(i.name, i.kind, i.unit) for i in T.INSTRUMENTS] == [("hostagent.request.duration", "histogram", "s")]
+
+
+def test_two_users_binaries_of_one_name_never_share_a_series():
+    """Another user's `vllm` (or one in another container) is not the real vLLM's latency."""
+    real = {"process.pid": 10, "process.executable.name": "vllm", "process.owner": "vllm-svc"}
+    rows = {frozenset(T.duration_row(finished(), p)[1].items()) for p in (
+        real, {**real, "process.pid": 11},  # the same server's second process: the same series
+        {**real, "process.pid": 12, "process.owner": "mallory"},
+        {**real, "process.pid": 13, "container.id": "c2"},
+        {**real, "process.pid": 14, "process.owner": "1001"})}  # a uid without a name
+    assert len(rows) == 4
 
 
 # ---- the joiner's refusals land in the Counter it is given ----

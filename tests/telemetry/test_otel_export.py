@@ -166,7 +166,9 @@ def test_request_duration_is_an_exponential_histogram_in_seconds():
             if m.name == "hostagent.request.duration"]
     assert m.unit == "s" and isinstance(m.data, ExponentialHistogram)
     (p,) = m.data.data_points
-    assert dict(p.attributes) == {"process.executable.name": "srv", "hostagent.request.end_reason": "marked"}
+    assert dict(p.attributes) == {"process.executable.name": "srv", "process.owner": "alice", "container.id": "c" * 64,
+                                  "k8s.pod.uid": "9b7e1f0c-0000-4000-8000-000000000001",
+                                  "hostagent.request.end_reason": "marked"}
     assert p.count == 2 and p.sum == pytest.approx(0.0425) and (p.min, p.max) == (0.0025, 0.04)
     tel.shutdown()
 

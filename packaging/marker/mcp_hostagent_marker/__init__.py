@@ -3,7 +3,8 @@
 Wire format (docs/MARKER.md; struct mcp_mark in the agent's bpf/mcp_records.h, checked against this
 file by the agent's tests/requests/test_marker_package.py):
     { u32 magic = 0x4150434d; u16 version = 1; u16 op (1 begin, 2 end); u64 request_id;
-      char traceparent[56] (W3C traceparent, NUL-terminated; may be empty) }   -- 72 bytes, little-endian
+      char traceparent[56] (W3C traceparent, NUL-terminated; may be empty; one longer than 55
+      characters fills all 56 bytes, no NUL: _wire) }   -- 72 bytes, little-endian
 and ioctl(-1, 0x4048eb01, &mark). The call fails at once with EBADF (fd -1 is never open); the
 agent's syscalls:sys_enter_ioctl program has read the struct before the kernel looked at the fd.
 Without the agent it costs one failed syscall. The kernel supplies the thread id, so a process
@@ -42,8 +43,21 @@ _ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
 _ioctl.restype = ctypes.c_int
 
 
+def _wire(traceparent: bytes) -> bytes:
+    """The traceparent field's bytes: an invalid value must never arrive as a valid one.
+
+    A version-00 traceparent is exactly 55 characters, and W3C Trace Context reads a later version
+    by its first 55 only if the 56th is "-" (its versioning rules). So up to 55 characters go as
+    they are, NUL-terminated, and a longer value's first 56 fill the field without a NUL: the agent
+    sees that it is longer than 55, refuses a version-00 one, and reads a later one as W3C says. Cut
+    to 55 instead, "00-<trace>-<parent>-01x" would arrive valid. A NUL inside would end the value
+    early where the agent reads it (one after 55 characters, the same): it goes as "?", which no
+    traceparent holds, as a non-ASCII character of a str does."""
+    return traceparent.replace(b"\0", b"?")[:TRACEPARENT_LEN]
+
+
 def _mark(op: int, request_id: int, traceparent: bytes) -> None:
-    m = Mark(MAGIC, VERSION, op, request_id, traceparent[: TRACEPARENT_LEN - 1])
+    m = Mark(MAGIC, VERSION, op, request_id, _wire(traceparent))
     _ioctl(-1, MARK_CMD, ctypes.addressof(m))
 
 

@@ -21,11 +21,9 @@ class MarkRequests:
     async def __call__(self, scope, receive, send):
         if scope.get("type") != "http":
             return await self.app(scope, receive, send)
-        traceparent = None
-        for name, value in scope.get("headers") or ():
-            if name == b"traceparent":
-                traceparent = value
-                break
+        # Two traceparent fields are one "a, b" value (RFC 9110 5.3), which is no traceparent: the
+        # agent then sees an invalid one, not the first of the two.
+        traceparent = b", ".join(value for name, value in scope.get("headers") or () if name == b"traceparent") or None
         rid = new_request_id()
         begin(rid, traceparent)
         ended = False
