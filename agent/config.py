@@ -204,6 +204,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("requests.http", "bool", True,
       "Find HTTP/1.1 requests of watched processes with no code in them (socket syscall tracepoints, "
       "docs/HTTP.md); false turns the http_* probes off, and their cost on every read and write of the host"),
+    S("requests.http_conns_per_owner", "int", 4096,
+      "Most connections with a zero-code HTTP request in flight that the processes of one uid, and of one"
+      " cgroup, may hold in the kernel's table (16,384 in all) at once; allowed markers' owners exempt",
+      min=1, max=16384),
     S("requests.group", "choice", "cgroup",
       "A request's serving group, whose threads' faults, switches and reclaim its span sums beside its own thread's:"
       " the thread's cgroup (its container or systemd unit), or the process tree the serving process roots"
@@ -322,6 +326,7 @@ class Config:
     requests_idle_expiry_s: float
     requests_max_begins_per_s_per_pid: int
     requests_http: bool
+    requests_http_conns_per_owner: int
     requests_group: str
     requests_mark_users: tuple[str, ...]
     requests_mark_cgroups: tuple[str, ...]

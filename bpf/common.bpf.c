@@ -148,6 +148,26 @@ BPF_ARRAY(zero_counters, struct mcp_counters, 1);  /* a zero value to insert, of
  * sets the bits with watch_tgid; a process's exit clears its own (requests.bpf.c). */
 #define MCP_WATCH_BITS_WORDS (4194304 / 64)
 BPF_ARRAY(watch_bits, u64, MCP_WATCH_BITS_WORDS);
+/* The same for the processes the kernel adds itself (children of watched ones, an exec'd name in
+ * process.comms, a first CUDA call), apart from watch_bits so that agent/core/discovery.py's rewrite of
+ * a word never clears a bit it did not set. */
+BPF_ARRAY(watch_bits_k, u64, MCP_WATCH_BITS_WORDS);
+/* [0]: the agent's own tgid, written at start: never watched, even with process.watch = all (its
+ * /metrics and control socket are not requests) */
+BPF_ARRAY(self_tgid, u32, 1);
+/* process.comms, written at start: a process that execs under one of these names is watched from then */
+struct mcp_comm {
+	char c[16];
+};
+BPF_HASH(watch_comms, struct mcp_comm, u8, 64);
+/* Processes the kernel watched as a watched process's child or by their exec'd name -> the uid they are
+ * charged to; each uid may have MCP_WATCH_KERNEL_PER_UID of them (a fork loop in a watched process
+ * cannot fill watch_tgid for everyone) */
+#ifndef MCP_WATCH_KERNEL_PER_UID
+#define MCP_WATCH_KERNEL_PER_UID 1024
+#endif
+BPF_HASH(watch_heirs, u32, u32, MCP_MAX_PROCS);
+BPF_HASH(watch_heir_uids, u32, u32, MCP_MAX_OWNERS);
 
 static __always_inline void stat_inc(u32 idx)
 {
@@ -191,10 +211,17 @@ static __always_inline void fill_hdr(struct mcp_hdr *h, u16 type, u16 size, u64 
 	bpf_get_current_comm(&h->comm, sizeof(h->comm));
 }
 
+static __always_inline int is_self(u32 tgid)
+{
+	u32 z = 0;
+	u32 *me = self_tgid.lookup(&z);
+	return me && *me == tgid;
+}
+
 static __always_inline int watched(u32 tgid)
 {
 	if (MCP_WATCH_ALL)
-		return 1;
+		return !is_self(tgid);
 	return watch_tgid.lookup(&tgid) != 0;
 }
 
@@ -270,9 +297,12 @@ static __always_inline u64 serving_group(void)
 static __always_inline int watched_bit(u32 tgid)
 {
 	if (MCP_WATCH_ALL)
-		return 1;
+		return !is_self(tgid);
 	u32 i = tgid >> 6;
 	u64 *w = watch_bits.lookup(&i);
+	if (w && ((*w >> (tgid & 63)) & 1))
+		return 1;
+	w = watch_bits_k.lookup(&i);
 	return w && ((*w >> (tgid & 63)) & 1);
 }
 
@@ -282,4 +312,104 @@ static __always_inline void unwatch_bit(u32 tgid)
 	u64 *w = watch_bits.lookup(&i);
 	if (w && ((*w >> (tgid & 63)) & 1))
 		__sync_fetch_and_and(w, ~(1ULL << (tgid & 63)));
+	w = watch_bits_k.lookup(&i);
+	if (w && ((*w >> (tgid & 63)) & 1))
+		__sync_fetch_and_and(w, ~(1ULL << (tgid & 63)));
 }
+
+/* The kernel puts tgid in the watch set (watch_tgid and its bit), charged to uid when heir (a
+ * process.watch = gpu/marked/pids/comms choice the agent did not make itself). 0: refused, counted. */
+static __always_inline int watch_add(u32 tgid, u32 uid, int heir)
+{
+	if (MCP_WATCH_ALL || is_self(tgid))
+		return 0;
+	if (heir) {
+		u32 zero = 0;
+		watch_heir_uids.insert(&uid, &zero);
+		u32 *n = watch_heir_uids.lookup(&uid);
+		if (!n || *n >= MCP_WATCH_KERNEL_PER_UID) {
+			stat_inc(MCP_STAT_WATCH_UID_FULL);
+			return 0;
+		}
+		if (watch_heirs.insert(&tgid, &uid) != 0) {
+			stat_inc(MCP_STAT_WATCH_MAP_FULL);
+			return 0;
+		}
+		__sync_fetch_and_add(n, 1);
+	}
+	u8 one = 1;
+	if (watch_tgid.update(&tgid, &one) != 0) {
+		stat_inc(MCP_STAT_WATCH_MAP_FULL);
+		if (heir) {
+			watch_heirs.delete(&tgid);
+			u32 *n = watch_heir_uids.lookup(&uid);
+			if (n && *n)
+				__sync_fetch_and_add(n, -1);
+		}
+		return 0;
+	}
+	u32 i = tgid >> 6;
+	u64 *w = watch_bits_k.lookup(&i);
+	if (w)
+		__sync_fetch_and_or(w, 1ULL << (tgid & 63));
+	return 1;
+}
+
+/* A process's exit: the uid a kernel-made watch was charged to gets it back. */
+static __always_inline void watch_heir_gone(u32 tgid)
+{
+	u32 *uid = watch_heirs.lookup(&tgid);
+	if (!uid)
+		return;
+	u32 u = *uid;
+	watch_heirs.delete(&tgid);
+	u32 *n = watch_heir_uids.lookup(&u);
+	if (n && *n)
+		__sync_fetch_and_add(n, -1);
+}
+
+/* Zero-code HTTP's per-process state and owner shares (http.bpf.c): here, so that a process's exit
+ * (requests.bpf.c, the one sched_process_exit program) gives its share back. */
+BPF_HASH(http_proc, u32, struct mcp_http_proc, MCP_MAX_PROCS);
+BPF_TABLE("lru_hash", struct mcp_owner_key, struct mcp_http_budget, http_owners, MCP_MAX_OWNERS);
+
+static __always_inline struct mcp_http_budget *http_owner(u32 kind, u64 id, int create)
+{
+	struct mcp_owner_key k = {.kind = kind, .id = id};
+	struct mcp_http_budget *b = http_owners.lookup(&k);
+	if (b || !create)
+		return b;
+	struct mcp_http_budget zero = {};
+	http_owners.insert(&k, &zero);
+	return http_owners.lookup(&k);
+}
+
+/* count -= n, not below 0. The counts are compared signed (see mark_begin): two CPUs racing past
+ * the check can take one below 0, which reads as below its cap, never as a full one. */
+static __always_inline void sat_sub(u32 *count, u32 n)
+{
+	if ((s32)*count > 0)
+		__sync_fetch_and_add(count, -(s32)(n < *count ? n : *count));
+}
+
+/* A process's exit closes its fds without close(2): its share of http_conn goes back to its owners
+ * at once (its entries, of another generation now, are removed by agent/http, their requests ended). */
+static __always_inline void http_proc_gone(u32 tgid)
+{
+	struct mcp_http_proc *p = http_proc.lookup(&tgid);
+	if (!p)
+		return;
+	if (!p->exempt && p->conns) {
+		struct mcp_http_budget *b = http_owner(MCP_OWNER_UID, p->uid, 0);
+		if (b)
+			sat_sub(&b->conns, p->conns);
+		b = http_owner(MCP_OWNER_CGROUP, p->cgroup_id, 0);
+		if (b)
+			sat_sub(&b->conns, p->conns);
+	}
+	http_proc.delete(&tgid);
+}
+
+/* tgid -> when it last exec'd (ns): agent/cuda rereads the maps of those soon (a container's libcuda
+ * is another inode, attached only once a process maps it) */
+BPF_TABLE("lru_hash", u32, u64, cu_exec, 1024);

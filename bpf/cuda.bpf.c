@@ -28,7 +28,6 @@ BPF_HASH(cu_hist, struct mcp_hist_key, u64, 16384);
 BPF_HASH(nv_fds, struct mcp_nv_fd_key, u32, 65536);
 BPF_TABLE("lru_hash", u32, struct mcp_nv_ioctl_start, nv_ioctl_start, MCP_MAX_THREADS);
 BPF_HASH(nv_cmd, struct mcp_nv_cmd_key, struct mcp_nv_cmd_val, 8192);
-BPF_TABLE("lru_hash", u32, u64, cu_exec, 1024); /* tgid -> exec time, drained by agent/cuda/capability.py */
 
 static __always_inline u64 cu_cfg(u32 idx)
 {
@@ -44,8 +43,9 @@ static __always_inline int cu_watched(u32 tgid)
 		return 1;
 	if (!cu_cfg(MCP_CFG_AUTO_WATCH))
 		return 0;
-	u8 one = 1;
-	if (watch_tgid.insert(&tgid, &one) == 0)
+	/* a trusted libcuda's uprobe fired in it: a GPU process by the driver's own code, not a path
+	 * name; the bit too, so that its HTTP requests are followed from this call on */
+	if (watch_add(tgid, 0, 0))
 		stat_inc(MCP_STAT_CU_AUTO_WATCH);
 	return 1;
 }
@@ -99,6 +99,22 @@ static __always_inline void cu_add(u32 tid, u32 tgid, u32 off_n, u64 n_thread, u
 			__sync_fetch_and_add(MCP_FIELD(c, off_ns), ns);
 		if (sampled)
 			c->sampled = sampled;
+	}
+	/* A zero-code request's thread and serving group (agent/http takes their differences): the hits
+	 * as a marked request counts them (unweighted: its coverage makes the estimate), only where
+	 * those counters are kept (a watched thread's; a group with HTTP requests) */
+	c = thread_stats.lookup(&tid);
+	if (c) {
+		*MCP_FIELD(c, off_n) += n_thread;
+		if (ns)
+			*MCP_FIELD(c, off_ns) += ns;
+	}
+	u64 g = serving_group();
+	c = g ? group_stats.lookup(&g) : 0;
+	if (c) {
+		__sync_fetch_and_add(MCP_FIELD(c, off_n), n_thread);
+		if (ns)
+			__sync_fetch_and_add(MCP_FIELD(c, off_ns), ns);
 	}
 }
 
@@ -298,17 +314,6 @@ int nv_ioctl_exit(void *ctx)
 }
 #endif /* MCP_PROBE_NVIDIA_IOCTL */
 
-#if MCP_PROBE_CUDA_EXEC
-/* A new program image: agent/cuda/capability.py rereads its maps soon (a container's libcuda is another
- * inode, attached only once a process maps it). */
-TRACEPOINT_PROBE(sched, sched_process_exec)
-{
-	u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	u64 now = bpf_ktime_get_ns();
-	cu_exec.update(&tgid, &now);
-	return 0;
-}
-#endif /* MCP_PROBE_CUDA_EXEC */
 
 #if MCP_PROBE_CUDA_THREAD_EXIT
 /* A thread that dies inside a call never returns through its uretprobe: drop its pending entries,

@@ -162,13 +162,6 @@ static __always_inline struct mcp_budget *owner_budget(u32 kind, u64 id, int cre
 	return budgets.lookup(&k);
 }
 
-/* count -= n, not below 0. The counts are compared signed (see mark_begin): two CPUs racing past
- * the check can take one below 0, which reads as below its cap, never as a full one. */
-static __always_inline void sat_sub(u32 *count, u32 n)
-{
-	if ((s32)*count > 0)
-		__sync_fetch_and_add(count, -(s32)(n < *count ? n : *count));
-}
 
 /* Give n open requests and, with procs, the process back to its two owners (after an LRU
  * eviction the entry is new and at 0: never below). */
@@ -361,8 +354,8 @@ static __always_inline int mark_begin(struct mcp_mark *m, u64 pid_tgid, u64 now)
 			__sync_fetch_and_add(&bc->open, 1);
 	}
 
-	u8 one = 1;
-	watch_tgid.update(&tgid, &one);
+	if (!watched_bit(tgid))
+		watch_add(tgid, uid, 0);
 
 	struct mcp_ev_req_begin *e = rb_reserve(1, sizeof(*e));
 	if (!e)
@@ -570,22 +563,50 @@ TRACEPOINT_PROBE(sched, sched_wakeup)
 }
 #endif /* MCP_PROBE_SCHED_WAKEUP */
 
-#if MCP_PROBE_GROUP_FORK
-/* requests.group = tree: a process forked by one in a serving tree joins it (threads land here too,
- * keyed by their tid: never looked up, the LRU ages them out) */
-TRACEPOINT_PROBE(sched, sched_process_fork)
+#if MCP_PROBE_WATCH_FORK
+/* A new process (not a thread: CLONE_THREAD) of a watched one is watched from its first instruction,
+ * before it runs (kernel/fork.c copy_process() fires task_newtask with current the parent): a
+ * pre-fork server's re-forked worker (gunicorn --max-requests) is followed from its first accept.
+ * requests.group = tree: a process forked in a serving tree joins it. */
+#define MCP_CLONE_THREAD 0x00010000
+TRACEPOINT_PROBE(task, task_newtask)
 {
-	if (!MCP_GROUP_TREE)
+	if (args->clone_flags & MCP_CLONE_THREAD)
 		return 0;
-	u32 tgid = bpf_get_current_pid_tgid() >> 32;  /* current is the parent */
-	u32 *root = tree_root.lookup(&tgid);
-	if (root) {
-		u32 child = args->child_pid, r = *root;
-		tree_root.update(&child, &r);
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	u32 parent = pid_tgid >> 32, child = args->pid;
+	if (MCP_GROUP_TREE) {
+		u32 *root = tree_root.lookup(&parent);
+		if (root) {
+			u32 r = *root;
+			tree_root.update(&child, &r);
+		}
 	}
+	if (!MCP_WATCH_ALL && watched_bit(parent))
+		watch_add(child, (u32)bpf_get_current_uid_gid(), 1);
 	return 0;
 }
-#endif /* MCP_PROBE_GROUP_FORK */
+#endif /* MCP_PROBE_WATCH_FORK */
+
+#if MCP_PROBE_PROCESS_EXEC
+/* A new program image. Its name in process.comms: watched from its first syscall, not from the watch
+ * scan's next round (comm is the new image's by now: fs/exec.c begin_new_exec()). And agent/cuda
+ * rereads its maps soon (cu_exec). One program for both: bcc keeps one program per tracepoint. */
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	u32 tgid = pid_tgid >> 32;
+	u64 now = bpf_ktime_get_ns();
+	cu_exec.update(&tgid, &now);
+	if (MCP_WATCH_ALL || watched_bit(tgid))
+		return 0;
+	struct mcp_comm c = {};
+	bpf_get_current_comm(&c.c, sizeof(c.c));
+	if (watch_comms.lookup(&c))
+		watch_add(tgid, (u32)bpf_get_current_uid_gid(), 1);
+	return 0;
+}
+#endif /* MCP_PROBE_PROCESS_EXEC */
 
 #if MCP_PROBE_PROCESS_EXIT
 TRACEPOINT_PROBE(sched, sched_process_exit)
@@ -635,6 +656,8 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	}
 	watch_tgid.delete(&tgid);
 	unwatch_bit(tgid);
+	watch_heir_gone(tgid);
+	http_proc_gone(tgid);
 	tree_root.delete(&tgid);
 	numa_home.delete(&tgid);
 	if (ts) {

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Config, ConfigError
 from ..cuda.capability import Cuda
+from ..cuda.finder import trusted_libcuda
 from ..gpuhealth.capability import GpuHealth
 from ..nic.capability import Nic
 from ..numa.capability import Numa
@@ -30,6 +31,7 @@ from ..reclaim.capability import Reclaim
 from ..reclaim.oom import OomKill
 from ..requests import owners
 from ..requests.capability import Requests
+from ..http import records as http_records
 from ..http.capability import Http
 from ..telemetry.snapshot import AgentView, SnapshotBuilder, TickState
 from . import discovery, imports_behind, kernel, loader, probes
@@ -151,6 +153,7 @@ class Agent:
         self.loaded = loader.load(self.plan, bpf_settings(cfg), self.progress)
         if self.loaded:  # before any probe sees a marker (the maps exist from the load on)
             owners.write_allow(self.loaded[0].bpf, allow)
+            discovery.write_kernel_rules(self.loaded[0].bpf, cfg)
             self.cuda_cap.start(self.loaded[0].bpf, self.plan, cfg, self.proc_root)
         self.health.compile_s = sum(x.compile_s for x in self.loaded)
         self.health.probes = {n: s.state for n, s in self.plan.statuses.items()}
@@ -189,7 +192,8 @@ class Agent:
                                            self.nic.evidence, self.numa.evidence, self.cuda_cap.evidence),
                                  listeners=(self.snapshots.on_request, self.reclaim.on_request))
         self.http = Http(self.bpf, finish=self.requests.finish, idle_expiry_s=cfg.requests_idle_expiry_s,
-                         rejected=self.health.rejected, proc_root=self.proc_root, tree=cfg.requests_group == "tree")
+                         rejected=self.health.rejected, proc_root=self.proc_root,
+                         sock_tracepoints=http_records.sock_tracepoints(cfg))
         self.cuda_cap.root_of = self.http.root_of  # a tree group's GPU steps (requests.group = tree)
         self.routes = self._route_table()
         imports_behind.wait_after_load()  # pyroute2, for the NIC watch
@@ -205,9 +209,11 @@ class Agent:
         tel.declare(self.health.instruments(exporters.stats))
         self.bpf[b"events"].open_ring_buffer(self._on_event)
         self.bpf[b"req_events"].open_ring_buffer(self.requests.counting(self._on_event))
-        self.bpf[b"http_events"].open_ring_buffer(self._on_event)
+        self.bpf[b"http_events"].open_ring_buffer(self.http.counting(self._on_event))
         if cfg.process_watch != "all":
-            self.watcher = discovery.Watcher(cfg, self.proc_root, lambda: self.bpf, self._survived)
+            # a libcuda mapping makes a GPU process only if the CUDA finder's trust check passes: handed in
+            # here, so that the core imports no capability
+            self.watcher = discovery.Watcher(cfg, self.proc_root, lambda: self.bpf, self._survived, trusted_libcuda)
             self.watcher.start()
         self.tick()
         self.reclaim.close_window()  # baseline of the reclaim totals: the first window counts from here

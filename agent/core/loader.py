@@ -126,11 +126,12 @@ UNIT_NAME = "agent.bpf"
 
 def bpf_settings(cfg) -> dict[str, int]:
     """The BPF programs' compile-time settings (-D), each capability's and the watch mode."""
-    from ..reclaim import records as reclaim_records  # not the capabilities: they import the pipeline
+    from ..http import records as http_records  # not the capabilities: they import the pipeline
+    from ..reclaim import records as reclaim_records
     from ..requests import records as requests_records
 
     return {"MCP_WATCH_ALL": cfg.process_watch == "all", **requests_records.bpf_settings(cfg),
-            **reclaim_records.bpf_settings(cfg)}
+            **reclaim_records.bpf_settings(cfg), **http_records.bpf_settings(cfg)}
 
 
 def cflags_for(plan: ProbePlan, settings: dict[str, int]) -> list[str]:
@@ -695,6 +696,19 @@ def _stop_all(workers) -> None:
         w.stop()
 
 
+_live_lock = threading.Lock()
+_live: dict[int, subprocess.Popen] = {}  # pid -> compile worker, until reaped
+
+
+def worker_pids() -> set[int]:
+    """This process's compile workers not yet reaped: the watch scan never watches them
+    (core/discovery.py own_pids)."""
+    with _live_lock:
+        for pid in [pid for pid, p in _live.items() if p.returncode is not None]:
+            del _live[pid]
+        return set(_live)
+
+
 class _Worker:
     """A compile_worker.py process, started at once (it imports bcc), compiling once sent a part."""
 
@@ -714,6 +728,8 @@ class _Worker:
         except OSError:
             self.diag.close()
             raise
+        with _live_lock:
+            _live[self.proc.pid] = self.proc
 
     def send(self, text: str, flags: list[str]) -> None:
         """Write the request from a thread of its own (_feed), which closes stdin after it."""
@@ -971,6 +987,28 @@ def _take_ahead(key: tuple):
     return job.result
 
 
+def _fill_tails(bpf, plan: ProbePlan) -> None:
+    """Each tail-called program (probes.TAILS) loaded into its prog array slot, before the probes
+    that call it attach; one that fails leaves those probes missing with its reason."""
+    import ctypes
+
+    from .probes import TAILS
+
+    BPF = _bpf_class()
+    on = {s.name for s in plan.enabled()}
+    for array, index, fn, users in TAILS:
+        users = [u for u in users if u in on]
+        if not users:
+            continue
+        try:
+            f = bpf.load_func(fn.encode(), BPF.TRACEPOINT)
+            bpf[array.encode()][ctypes.c_int(index)] = ctypes.c_int(f.fd)
+        except Exception as e:  # bcc raises bare Exception with the kernel's reason
+            for u in users:
+                plan.mark(u, MISSING, f"load {fn} (tail-called by its program): {e}",
+                          "mcp-agent probes --dump shows the source and flags")
+
+
 def drop_ahead() -> None:
     """Wait for a compile begun ahead and not taken, and free it."""
     _take_ahead(None)
@@ -1003,8 +1041,9 @@ def load(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], No
         threading.Thread(target=release_compiler_memory, name="bpf-compile-release", daemon=True).start()
     except RuntimeError:  # no thread (TasksMax): released here
         release_compiler_memory()
+    _fill_tails(bpf, plan)
     for spec in enabled:
-        if spec.kind not in TRACEPOINT_KINDS:
+        if spec.kind not in TRACEPOINT_KINDS or plan.statuses[spec.name].state == MISSING:
             continue
         try:
             bpf.attach_tracepoint(tp=spec.tracepoint.encode(), fn_name=spec.fn_name.encode())

@@ -22,8 +22,8 @@ from . import bpfsys
 
 # bcc's table classes for the map types the unit declares (include/uapi/linux/bpf.h numbers, as
 # bcc.table names them); a description with another type is not made here
-_HASH, _ARRAY, _PERCPU_HASH, _PERCPU_ARRAY, _LRU_HASH, _LRU_PERCPU_HASH, _RINGBUF = 1, 2, 5, 6, 9, 10, 27
-MADE_TYPES = (_HASH, _ARRAY, _PERCPU_HASH, _PERCPU_ARRAY, _LRU_HASH, _LRU_PERCPU_HASH, _RINGBUF)
+_HASH, _ARRAY, _PROG_ARRAY, _PERCPU_HASH, _PERCPU_ARRAY, _LRU_HASH, _LRU_PERCPU_HASH, _RINGBUF = 1, 2, 3, 5, 6, 9, 10, 27
+MADE_TYPES = (_HASH, _ARRAY, _PROG_ARRAY, _PERCPU_HASH, _PERCPU_ARRAY, _LRU_HASH, _LRU_PERCPU_HASH, _RINGBUF)
 FORMAT = 1  # of describe()'s entries: in the cache key
 FIELDS = ("type", "key_size", "value_size", "max_entries", "map_flags")
 
@@ -121,7 +121,7 @@ def table(bpf, m: dict, fd: int, keytype=None, leaftype=None, reducer=None):
     description after."""
     from bcc import table as T
 
-    cls = {_HASH: T.HashTable, _ARRAY: T.Array, _PERCPU_HASH: T.PerCpuHash, _PERCPU_ARRAY: T.PerCpuArray,
+    cls = {_HASH: T.HashTable, _ARRAY: T.Array, _PROG_ARRAY: T.ProgArray, _PERCPU_HASH: T.PerCpuHash, _PERCPU_ARRAY: T.PerCpuArray,
            _LRU_HASH: T.LruHash, _LRU_PERCPU_HASH: T.LruPerCpuHash, _RINGBUF: T.RingBuf}[m["bcc_type"]]
     name = m["name"].encode()
     keytype, leaftype = keytype or m["types"][0], leaftype or m["types"][1]

@@ -80,9 +80,14 @@ PROBES: tuple[ProbeSpec, ...] = (
               "bytes added to the page cache per request and process: reads and file faults the cache missed"
               " (a model loading from disk), and new pages of buffered writes",
               "needs the filemap events (CONFIG_TRACEPOINTS)"),
-    ProbeSpec("group_fork", "sched:sched_process_fork", "requests.bpf.c",
-              "requests.group = tree: processes forked in a serving tree join its group",
-              "needs tracepoints (CONFIG_TRACEPOINTS)"),
+    ProbeSpec("watch_fork", "task:task_newtask", "requests.bpf.c",
+              "a watched process's children are watched from their first instruction (pre-fork workers);"
+              " requests.group = tree: they join its serving tree",
+              "needs tracepoints (CONFIG_TRACEPOINTS); without it, children wait for the watch scan"),
+    ProbeSpec("process_exec", "sched:sched_process_exec", "requests.bpf.c",
+              "a program exec'd under a process.comms name is watched from its first syscall; prompt libcuda"
+              " rescans of processes that exec",
+              "without it, such programs wait for the watch scan, and new libcuda inodes for a periodic scan"),
     ProbeSpec("process_exit", "sched:sched_process_exit", "requests.bpf.c",
               "closes requests of threads that exit inside them; frees per-process state",
               "without it, open requests end by idle expiry only"),
@@ -121,6 +126,11 @@ PROBES: tuple[ProbeSpec, ...] = (
         ("http_sendmsg_ret", "sys_exit_sendmsg", "zero-code HTTP responses: head (status, framing), end"),
         ("http_close", "sys_enter_close", "zero-code HTTP requests: a connection's close ends its open request"),
     )),
+    ProbeSpec("http_sock_recv", "sock:sock_recv_length", "http.bpf.c",
+              "zero-code HTTP requests: a read is a socket's (files and pipes make no record), and which socket",
+              "Linux 6.3+ (include/trace/events/sock.h); without it agent/http checks each connection's fd in /proc"),
+    ProbeSpec("http_sock_send", "sock:sock_send_length", "http.bpf.c",
+              "zero-code HTTP responses: a write is a socket's, and which socket", "Linux 6.3+"),
     # CUDA driver and NVIDIA ioctls (cuda.bpf.c): uprobes per libcuda inode and the two tracepoint
     # programs named apart from requests.bpf.c's are attached by agent/cuda/capability.py, symbol by symbol.
     ProbeSpec("cuda_launch", "uprobe:libcuda:cuLaunchKernel(_ptsz),cuLaunchKernelEx(_ptsz)", "cuda.bpf.c",
@@ -140,8 +150,6 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("nvidia_ioctl", "syscalls:sys_enter_ioctl+sys_exit_ioctl", "cuda.bpf.c",
               "ioctls on NVIDIA device fds: count, ns, by request code", "needs CONFIG_FTRACE_SYSCALLS",
               kind="tracepoint_fn"),
-    ProbeSpec("cuda_exec", "sched:sched_process_exec", "cuda.bpf.c",
-              "prompt libcuda rescans of processes that exec", "without it, new libcuda inodes wait for a periodic scan"),
     ProbeSpec("cuda_thread_exit", "sched:sched_process_exit", "cuda.bpf.c",
               "drops pending CUDA call entries of threads that die inside a call",
               "without it, stale entries age out by the sanity bound", kind="tracepoint_fn"),
@@ -161,6 +169,19 @@ PROBES: tuple[ProbeSpec, ...] = (
               "PCIe link speed/width changes: an immediate re-poll of the link (sysfs polling otherwise)",
               "a 2025 kernel tracepoint (include/trace/events/pci.h); older kernels rely on the poll",
               kind="tracepoint_raw"),
+)
+
+
+_HTTP_RX = ("http_read_ret", "http_recvfrom_ret")
+_HTTP_TX = ("http_write_ret", "http_sendto_ret", "http_writev_ret", "http_sendmsg_ret")
+# Programs other programs tail-call (bpf_tail_call through a prog array): (array, index, function,
+# the probes whose programs call it). The loader loads each and puts it in its slot before it
+# attaches those probes; one that fails to load leaves them missing with its reason.
+TAILS: tuple[tuple[str, int, str, tuple[str, ...]], ...] = (
+    ("http_tail", 0, "http_rx_step", _HTTP_RX),  # enum mcp_http_tail
+    ("http_tail", 1, "http_rx_post", _HTTP_RX),
+    ("http_tail", 2, "http_tx_step", _HTTP_TX),
+    ("http_tail", 3, "http_tx_post", _HTTP_TX),
 )
 
 
@@ -218,8 +239,6 @@ HTTP_PROBES = tuple(p.name for p in PROBES if p.program == "http.bpf.c")
 def switched_off(cfg) -> dict[str, str]:
     """Probes a setting other than probes.disable turns off -> the reason shown."""
     off = {} if cfg.requests_http else dict.fromkeys(HTTP_PROBES, "disabled by requests.http = false")
-    if cfg.requests_group != "tree":
-        off["group_fork"] = f"disabled by requests.group = {cfg.requests_group}"
     return off
 
 

@@ -3,8 +3,9 @@
 Any local user controls what their processes' /proc files cost to read: 60,000 mappings make one
 /proc/PID/maps ~3 MB and ~30 ms of kernel time to read, and 36 such processes made the agent's watch
 scan take a core (docs/SECURITY.md, "Threat model: crashes and starving"). So a scan over all processes
-reads a bounded prefix of each file (MAPS_LIMIT), stops reading at the first hit, and spends a bounded
-wall time per pass (Walker), resuming where it stopped; whoever loops over passes sleeps between them.
+reads a bounded prefix of each file (MAPS_LIMIT), stops reading at the first hit (maps_contains) or
+when its caller has seen enough (maps_lines, a generator the caller stops), and spends a bounded wall
+time per pass (Walker), resuming where it stopped; whoever loops over passes sleeps between them.
 """
 
 from __future__ import annotations
@@ -64,6 +65,21 @@ def maps_contains(pid: int, needles: tuple[bytes, ...], proc_root: str = "/proc"
             return True
         tail = buf[-keep:] if keep else b""
     return False
+
+
+def maps_lines(pid: int, needles: tuple[bytes, ...], proc_root: str = "/proc", limit: int = MAPS_LIMIT):
+    """The whole lines of the first `limit` bytes of /proc/PID/maps that contain a needle, in order (a
+    line the limit cuts is dropped). A generator: the caller that has seen enough stops it, and the
+    reading stops there. A read without a needle is skipped whole; only a read with one is split."""
+    rest = b""
+    for c in _chunks(pid, proc_root, limit):
+        buf = rest + c
+        cut = buf.rfind(b"\n") + 1
+        whole, rest = buf[:cut], buf[cut:]
+        if any(n in whole for n in needles):
+            for line in whole.split(b"\n"):
+                if any(n in line for n in needles):
+                    yield line
 
 
 def list_pids(proc_root: str = "/proc") -> list[int]:

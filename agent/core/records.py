@@ -239,40 +239,71 @@ STRUCTS["mcp_ev_tp_raw"] = EvTpRaw
 
 # ---- zero-code HTTP/1.1 requests (bpf/http.bpf.c, agent/http) ----
 class HttpArgs(ctypes.Structure):
-    _fields_ = [("buf", u64), ("count", u64), ("fd", u32), ("sys", u32)]
+    _fields_ = [("buf", u64), ("count", u64), ("fd", u32), ("sys", u32), ("sk", u64), ("sock", u32), ("pad", u32)]
 
 
 class HttpConnKey(ctypes.Structure):
     _fields_ = [("tgid", u32), ("fd", u32)]
 
 
+class HttpDir(ctypes.Structure):
+    _fields_ = [("left", u64), ("state", u8), ("midline", u8), ("carry_len", u8), ("flags", u8), ("lines", u16),
+                ("status", u16), ("clv", u8 * 24), ("carry", u8 * C["MCP_HTTP_CARRY"])]
+
+
+class HttpReq(ctypes.Structure):
+    _fields_ = [("begin_ns", u64), ("seq", u64), ("group", u64), ("tid", u32), ("head_only", u8), ("tunnel", u8),
+                ("ghost", u8), ("pad", u8)]
+
+
 class HttpConn(ctypes.Structure):
-    _fields_ = [("conn_id", u64), ("begin_ns", u64), ("seq", u64), ("written", u64), ("expect", u64),
-                ("group", u64), ("begin_tid", u32), ("status", u16), ("state", u8), ("mode", u8),
-                ("head_only", u8), ("pad", u8 * 7)]
+    _fields_ = [("sk", u64), ("conn_id", u64), ("gen", u64), ("seq", u64), ("written", u64), ("interim", u64),
+                ("rx_seq", u32), ("tx_seq", u32), ("tx_mode", u8), ("pad", u8 * 7), ("rx", HttpDir), ("tx", HttpDir),
+                ("q", HttpReq * C["MCP_HTTP_PIPELINE"])]
+
+
+class HttpPend(ctypes.Structure):
+    _fields_ = [("sk", u64), ("first_ns", u64), ("len", u32), ("reads", u32), ("flags", u32), ("pad", u32),
+                ("rx", HttpDir), ("head", u8 * (2 * C["MCP_HTTP_HEAD_LEN"]))]
+
+
+class HttpProc(ctypes.Structure):
+    _fields_ = [("gen", u64), ("window_start_ns", u64), ("cgroup_id", u64), ("uid", u32), ("exempt", u32),
+                ("begins", u32), ("conns", u32)]
+
+
+class HttpBudget(ctypes.Structure):
+    _fields_ = [("window_start_ns", u64), ("begins", u32), ("prev_begins", u32), ("conns", u32), ("pad", u32),
+                ("begun", u64)]
 
 
 class EvHttpBegin(ctypes.Structure):
-    _fields_ = [("h", Hdr), ("conn_id", u64), ("seq", u64), ("group", u64), ("fd", u32), ("head_len", u32),
-                ("thread", Counters), ("proc", Counters), ("grp", Counters),
+    _fields_ = [("h", Hdr), ("conn_id", u64), ("seq", u64), ("group", u64), ("first_ns", u64), ("fd", u32),
+                ("head_len", u32), ("reads", u32), ("flags", u32), ("owner_uid", u32), ("exempt", u32),
+                ("owner_cgroup", u64), ("thread", Counters), ("proc", Counters), ("grp", Counters),
                 ("head", u8 * C["MCP_HTTP_HEAD_LEN"])]
 
 
 class EvHttpEnd(ctypes.Structure):
-    _fields_ = [("h", Hdr), ("conn_id", u64), ("seq", u64), ("begin_ns", u64), ("written", u64), ("group", u64),
-                ("fd", u32), ("begin_tid", u32), ("status", u16), ("reason", u8), ("mode", u8), ("pad", u32),
-                ("thread", Counters), ("proc", Counters), ("grp", Counters)]
+    _fields_ = [("h", Hdr), ("conn_id", u64), ("seq", u64), ("begin_ns", u64), ("written", u64), ("interim", u64),
+                ("group", u64), ("fd", u32), ("begin_tid", u32), ("status", u16), ("reason", u8), ("mode", u8),
+                ("pad", u32), ("thread", Counters), ("proc", Counters), ("grp", Counters)]
 
 
 STRUCTS.update({
     "mcp_http_args": HttpArgs,
     "mcp_http_conn_key": HttpConnKey,
+    "mcp_http_dir": HttpDir,
+    "mcp_http_req": HttpReq,
     "mcp_http_conn": HttpConn,
+    "mcp_http_pend": HttpPend,
+    "mcp_http_proc": HttpProc,
+    "mcp_http_budget": HttpBudget,
     "mcp_ev_http_begin": EvHttpBegin,
     "mcp_ev_http_end": EvHttpEnd,
 })
 
-HTTP_END_REASONS = {C["MCP_HTTP_END_COMPLETE"]: "complete", C["MCP_HTTP_END_NEXT"]: "next_request",
-                    C["MCP_HTTP_END_CLOSE"]: "closed"}
-HTTP_MODES = {C["MCP_HTTP_MODE_UNKNOWN"]: "unknown", C["MCP_HTTP_MODE_LENGTH"]: "length",
+HTTP_END_REASONS = {C["MCP_HTTP_END_COMPLETE"]: "complete", C["MCP_HTTP_END_CLOSE"]: "closed",
+                    C["MCP_HTTP_END_MARKED"]: "marked"}
+HTTP_MODES = {C["MCP_HTTP_MODE_UNKNOWN"]: "until_close", C["MCP_HTTP_MODE_LENGTH"]: "length",
               C["MCP_HTTP_MODE_CHUNKED"]: "chunked"}

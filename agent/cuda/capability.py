@@ -92,7 +92,7 @@ class CudaProbes:
         self.max_libraries = max_libraries
         self.refused: dict[tuple, tuple[str, str]] = {}  # (major, minor, inode) -> (path shown, why)
         self.refused_total = 0  # distinct files refused since start (hostagent.agent.records.rejected)
-        self.enabled = {n for n in UPROBE_ROWS + ("nvidia_ioctl", "cuda_thread_exit", "cuda_exec")
+        self.enabled = {n for n in UPROBE_ROWS + ("nvidia_ioctl", "cuda_thread_exit", "process_exec")
                         if n in plan.statuses and plan.statuses[n].state not in (MISSING, DISABLED)}
         self.weights = {f: 1 for f in LAUNCH_FIELDS}
         self.paused = False
@@ -628,15 +628,16 @@ class CudaProbes:
                 st.state, st.reason = "missing", f"attach uprobe {st.sym.name} in {lib_.shown}: {e}"
             return False
 
-    def launch_coverage(self, pid: int, t0_ns: int, t1_ns: int) -> dict[str, tuple[float, float]]:
+    def launch_coverage(self, pid: int | None, t0_ns: int, t1_ns: int) -> dict[str, tuple[float, float]]:
         """Launch field -> (surely, maybe) share of [t0, t1] its probe was on in the libcuda that pid
-        maps (the least, if it maps several; coverage.OnLog). Empty when pid maps none followed."""
+        maps (the least, if it maps several; coverage.OnLog). Empty when pid maps none followed.
+        pid None: the least over every libcuda followed (a serving group's processes)."""
         t0, t1, now = t0_ns / 1e9, t1_ns / 1e9, time.monotonic()
         if t1 <= t0:  # an instant: on or off at it
             t0, t1 = t0 - 1e-6, t0 + 1e-6
         out: dict[str, tuple[float, float]] = {}
         for lib_, st in list(self._targets):
-            if pid not in lib_.pids:
+            if pid is not None and pid not in lib_.pids:
                 continue
             sure, maybe = self.on_log.covered(id(st), t0, t1, now)
             f, old = st.sym.entry, out.get(st.sym.entry, (1.0, 1.0))
@@ -798,9 +799,15 @@ class Cuda:
 
             def member(cg: int, tgid: int) -> bool:
                 return cg == group
-        return Evidence({**{f"hostagent.finding.{k}": v for k, v in found.items()},
-                         **self._coverage(fr.counters, fr.tgid, fr.begin_ns, fr.end_ns),
-                         **self.step_log.summary(member, fr.begin_ns, fr.end_ns)})
+        attrs = {**{f"hostagent.finding.{k}": v for k, v in found.items()},
+                 **self._coverage(fr.counters, fr.tgid, fr.begin_ns, fr.end_ns),
+                 **self.step_log.summary(member, fr.begin_ns, fr.end_ns)}
+        if self.probes is not None:
+            for scope, counters in fr.scopes:  # a zero-code request's process and group counts
+                # a group spans processes: the least coverage of every libcuda followed
+                cov = self.probes.launch_coverage(fr.tgid if scope == "process" else None, fr.begin_ns, fr.end_ns)
+                attrs.update(cuda_telemetry.scope_coverage_attributes(counters, cov, scope, weighted=scope == "process"))
+        return Evidence(attrs)
 
     def _coverage(self, counters, pid: int, t0_ns: int, t1_ns: int) -> dict:
         """The launch counts of a window where a probe was duty-cycled: estimates or unknown, labelled

@@ -117,3 +117,13 @@ def resolve(proc: str, pid: int, m: Mapping) -> str | None:
         return None
     libtrust.check_open_file(c, m.path, m.dev, m.inode)
     return c
+
+
+def trusted_libcuda(proc: str, pid: int, line: str) -> bool:
+    """Whether a /proc/PID/maps line maps a libcuda file this finder would follow: resolve() finds it
+    trusted and still the inode mapped. The watch scan's test of a GPU process by its libcuda
+    (agent/core/discovery.py, handed this by agent/core/agent.py: the core imports no capability)."""
+    try:
+        return any(resolve(proc, pid, m) is not None for m in libcuda_mappings(line))
+    except (libtrust.Untrusted, ValueError):  # ValueError: not a maps line
+        return False

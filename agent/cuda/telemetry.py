@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..requests.telemetry import COUNTER_ATTRS, counter_attributes
+from ..requests.telemetry import COUNTER_ATTRS, counter_attributes, scoped
 from .coverage import apply
 from .symbols import LAUNCH_FIELDS
 from ..telemetry.spec import Instrument, Log2Buckets, SpanSpec
@@ -76,3 +76,22 @@ def coverage_attributes(counters, cov: dict[str, tuple[float, float]]) -> dict:
 
 
 COVERAGE_PREFIX = "hostagent.cuda.coverage."
+
+
+def scope_coverage_attributes(counters, cov: dict[str, tuple[float, float]], scope: str, weighted: bool) -> dict:
+    """The same for a zero-code request's process or group counts (hostagent.request.<scope>.*).
+    weighted: the process's counts, each hit already scaled by the duty cycle's weight (per-process
+    totals need that): an estimate as they are, labelled with the window's coverage, unknown (None)
+    when the probe was off all of it; else hits, as coverage_attributes makes them."""
+    if weighted:
+        counts = {f: getattr(counters, f) for f in LAUNCH_FIELDS}
+        _, cov_of = apply(counts, cov)
+        est = {f: None if c == 0.0 else counts[f] for f, c in cov_of.items()}
+    else:
+        est, cov_of = apply({f: getattr(counters, f) for f in LAUNCH_FIELDS}, cov)
+    attrs = {}
+    for f, c in cov_of.items():
+        name = COUNTER_ATTRS[f]
+        attrs[scoped(name, scope)] = est[f]
+        attrs[scoped(COVERAGE_PREFIX + name.rsplit(".", 1)[1], scope)] = round(c, 4)
+    return attrs

@@ -1,10 +1,15 @@
 """Zero-code HTTP requests: the records of bpf/http.bpf.c -> the requests capability's spans.
 
 BEGIN/END are paired by the joiner (join.py) into the FinishedRequest a marked request becomes, and
-handed to Requests.finish: the same evidence, span and duration metric. Connections whose process
-exited, or whose request idled past requests.idle_expiry_s, are removed from the kernel map here
-(the kernel sees no close for a process killed with its sockets open: exit closes fds without the
-close syscall).
+handed to Requests.finish: the same evidence, span and duration metric. A connection stays in the
+kernel's http_conn only while a request is in flight on it; those of processes that exited are
+removed here, their requests ended (exit closes fds without close(2), so the kernel sees no close),
+and requests idle past requests.idle_expiry_s are ended here as expired (their entries stay: the
+kernel gives a connection's share back when its socket closes). The agent tells the kernel how many
+BEGINs of each owner it has read: what waits unread, for the pressure rule (http.bpf.c).
+
+Without sock:sock_*_length (kernels before 6.3, records.sock_tracepoints) the kernel cannot tell a
+socket's bytes from a file's, and each new connection's fd is checked here in /proc instead.
 """
 
 from __future__ import annotations
@@ -17,23 +22,27 @@ from ..core import records as R
 from .join import HttpJoiner
 from . import records
 
-SCAN_S = 5.0  # between scans of the kernel's connection map
-MAX_CHECKED = 65536  # connections whose fd type is remembered
+SCAN_S = 2.0  # between scans of the kernel's connection map
+MAX_CHECKED = 65536  # connections whose fd type is remembered (no sock tracepoints)
+MAX_OWNERS = 8192  # bpf/common.bpf.c MCP_MAX_OWNERS
+READ_TELL_EVERY = 64  # BEGINs read between updates of http_owner_read inside one poll
 
 
 class Http:
-    def __init__(self, bpf, *, finish, idle_expiry_s: float, rejected, proc_root: str = "/proc", tree: bool = False):
-        """finish: Requests.finish (a FinishedRequest -> its span, metric and listeners); tree:
-        requests.group = tree (the processes a serving process started before its first request
-        join its tree here; later ones by the kernel's fork probe)."""
+    def __init__(self, bpf, *, finish, idle_expiry_s: float, rejected, proc_root: str = "/proc",
+                 sock_tracepoints: bool = True):
+        """finish: Requests.finish (a FinishedRequest -> its span, metric and listeners)."""
         self.bpf = bpf
-        self.tree = tree
         self.finish = finish
         self.idle_expiry_s = idle_expiry_s
         self.proc_root = proc_root
+        self.sock_tracepoints = sock_tracepoints
         self.joiner = HttpJoiner(rejected)
         self._next_scan = 0.0
         self._checked: dict[tuple[int, int], bool] = {}  # (tgid, conn_id) -> its fd is a socket
+        self._read_of: dict[tuple[int, int], int] = {}  # owner -> BEGINs read (since the agent started)
+        self._told_owners: set = set()
+        self._unsaid = 0
 
     def routes(self):
         handlers = {R.C["MCP_EV_HTTP_BEGIN"]: self.on_begin, R.C["MCP_EV_HTTP_END"]: self.on_end}
@@ -42,32 +51,60 @@ class Http:
     def instruments(self):
         return ()  # request spans and hostagent.request.duration are the requests capability's
 
+    # ---- what was read of each owner: the kernel's pressure rule (http.bpf.c http_begin_ok) ----
+    def counting(self, on_event):
+        """The ring buffer callback for http_events (the BEGINs read by owner are counted in on_begin)."""
+        def cb(ctx, data, size) -> int:
+            r = on_event(ctx, data, size)
+            if self._unsaid >= READ_TELL_EVERY:
+                self.tell_read()  # within a long poll too: a stale count reads as unread, and refuses begins
+            return r
+        return cb
+
+    def tell_read(self) -> None:
+        """http_owner_read[owner] = the BEGINs of that owner read so far, for the owners read since last told."""
+        if not self._told_owners:
+            return
+        table = self.bpf[b"http_owner_read"]
+        for owner in self._told_owners:
+            table[R.OwnerKey(owner[0], 0, owner[1])] = ctypes.c_uint64(self._read_of[owner])
+        self._told_owners.clear()
+        self._unsaid = 0
+
+    # ---- records ----
     def on_begin(self, rec: records.HttpBegin) -> None:
-        """A connection's first request: is its fd a socket? The kernel side only saw a read starting
-        with an HTTP method (a watched process reading a file of requests would pass there)."""
+        for owner in rec.owners:
+            if owner not in self._read_of and len(self._read_of) >= MAX_OWNERS:
+                self._read_of.pop(next(iter(self._read_of)))  # the oldest: its kernel entry keeps the count told
+            self._read_of[owner] = self._read_of.get(owner, 0) + 1
+            self._told_owners.add(owner)
+        self._unsaid += 1
+        if not self.sock_tracepoints and not self._socket(rec):
+            return
+        self.joiner.on_begin(rec)
+
+    def on_end(self, rec: records.HttpEnd) -> None:
+        if not self.sock_tracepoints and self._checked.get((rec.hdr.tgid, rec.conn_id)) is False:
+            return  # not a socket: its BEGIN was dropped, and counted
+        for fr in self.joiner.on_end(rec):
+            self.finish(fr)
+
+    def _socket(self, rec: records.HttpBegin) -> bool:
+        """Without the sock tracepoints: is this connection's fd a socket? /proc/PID/fd/N of a socket
+        reads socket:[inode]. Unreadable (the fd or process gone): yes, the kernel saw a head on it."""
         key = (rec.hdr.tgid, rec.conn_id)
         if key not in self._checked:
             if len(self._checked) >= MAX_CHECKED:
                 self._checked.pop(next(iter(self._checked)))
-            self._checked[key] = self._is_socket(rec.hdr.tgid, rec.fd)
-            if not self._checked[key]:
+            try:
+                ok = os.readlink(f"{self.proc_root}/{rec.hdr.tgid}/fd/{rec.fd}").startswith("socket:")
+            except OSError:
+                ok = True
+            self._checked[key] = ok
+            if not ok:
                 self.joiner.rejected["http_not_socket"] += 1
                 self._forget_conn(rec.hdr.tgid, rec.fd, rec.conn_id)
-        if self._checked[key]:
-            self.joiner.on_begin(rec)
-
-    def on_end(self, rec: records.HttpEnd) -> None:
-        if self._checked.get((rec.hdr.tgid, rec.conn_id)) is False:
-            return  # not a socket: its BEGIN was dropped, and counted
-        self.finish(self.joiner.on_end(rec))
-
-    def _is_socket(self, tgid: int, fd: int) -> bool:
-        """/proc/PID/fd/N of a socket reads socket:[inode]. Unreadable (the fd or process gone): yes,
-        the kernel saw an HTTP head on it."""
-        try:
-            return os.readlink(f"{self.proc_root}/{tgid}/fd/{fd}").startswith("socket:")
-        except OSError:
-            return True
+        return self._checked[key]
 
     def _forget_conn(self, tgid: int, fd: int, conn_id: int) -> None:
         conns = self.bpf[b"http_conn"]
@@ -79,69 +116,61 @@ class Http:
             except KeyError:
                 pass
 
+    def root_of(self, tgid: int) -> int | None:
+        """requests.group = tree: the root of the process tree tgid serves in, if any."""
+        v = self.bpf[b"tree_root"].get(ctypes.c_uint32(tgid))
+        return None if v is None else v.value
+
+    # ---- periodic ----
     def tick(self) -> None:
+        self.tell_read()
         now = time.monotonic()
         if now >= self._next_scan:
             self._next_scan = now + min(SCAN_S, self.idle_expiry_s / 2)
             self.scan()
 
-    def seed_trees(self) -> None:
-        """requests.group = tree: every descendant of a tree's root (from /proc PPid) joins its tree."""
-        roots = {k.value: v.value for k, v in self.bpf[b"tree_root"].items()}
-        if not roots:
-            return
-        children: dict[int, list[int]] = {}
-        for name in os.listdir(self.proc_root):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"{self.proc_root}/{name}/stat", "rb") as f:
-                    ppid = int(f.read(4096).rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
-        table = self.bpf[b"tree_root"]
-        for pid, root in list(roots.items()):
-            if pid != root:
-                continue
-            todo = list(children.get(pid, ()))
-            while todo:
-                c = todo.pop()
-                if roots.get(c) != root:
-                    table[ctypes.c_uint32(c)] = ctypes.c_uint32(root)
-                    roots[c] = root
-                todo.extend(children.get(c, ()))
-
-    def root_of(self, tgid: int) -> int | None:
-        v = self.bpf[b"tree_root"].get(ctypes.c_uint32(tgid))
-        return None if v is None else v.value
+    def _alive(self, tgid: int, gen_ns: int) -> bool:
+        """Whether the process tgid that made an entry at gen_ns (kernel monotonic) still runs: a
+        reused pid's process started after the entry. /proc/PID/stat field 22: start time in ticks."""
+        try:
+            with open(f"{self.proc_root}/{tgid}/stat", "rb") as f:
+                fields = f.read(4096).rsplit(b")", 1)[1].split()
+            if fields[0] in (b"Z", b"X"):
+                return False
+            start_ns = int(fields[19]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return False
+        # CLOCK_BOOTTIME ticks against CLOCK_MONOTONIC ns: equal but for suspend, so a process can
+        # only look younger than it is; a tick's slack either way
+        return start_ns <= gen_ns + 10_000_000
 
     def scan(self) -> None:
-        if self.tree:
-            self.seed_trees()
+        """Entries of processes gone: removed, their requests ended; requests idle past expiry ended."""
         conns = self.bpf[b"http_conn"]
         now_ns = time.monotonic_ns()
-        idle_ns = int(self.idle_expiry_s * 1e9)
         alive: dict[int, bool] = {}
-        live = set()  # the requests still in the kernel map: (tgid, conn_id, seq)
         for k, c in list(conns.items()):  # one pass: each entry is two bpf() calls
             tgid = k.tgid
             if tgid not in alive:
-                alive[tgid] = os.path.exists(f"{self.proc_root}/{tgid}")
-            open_req = c.state != R.C["MCP_HTTP_IDLE"]
-            if alive[tgid] and not (open_req and now_ns - c.begin_ns >= idle_ns):
-                live.add((tgid, c.conn_id, c.seq))
+                alive[tgid] = self._alive(tgid, c.conn_id)
+            if alive[tgid]:
                 continue
             try:
                 del conns[k]
             except KeyError:  # closed by the kernel meanwhile
                 continue
-            if open_req:
-                fr = self.joiner.on_gone(tgid, c.conn_id, c.seq, now_ns, "expired" if alive[tgid] else "process_exit")
-                if fr is not None:
-                    self.finish(fr)
-        # BEGINs whose END was lost (ring full) and whose connection has moved on
-        for key, o in list(self.joiner.open.items()):
-            if key not in live and now_ns - o.rec.hdr.ts_ns >= idle_ns:
-                self.joiner.forget(key)
-                self.joiner.rejected["http_end_lost"] += 1
+            for fr in self.joiner.on_gone(tgid, c.conn_id, now_ns, "process_exit"):
+                self.finish(fr)
+        # BEGINs of processes gone whose entry went with them (a close or exit the kernel saw
+        # first, its END lost), and requests idle past expiry
+        for tgid in self.joiner.tgids() - set(alive):
+            if not os.path.exists(f"{self.proc_root}/{tgid}"):
+                for key in [k for k in self.joiner.open if k[0] == tgid]:
+                    self.joiner.forget(key)
+                    self.joiner.rejected["http_end_lost"] += 1
+        for fr in self.joiner.expire(now_ns - int(self.idle_expiry_s * 1e9), now_ns):
+            self.finish(fr)
+        procs = self.bpf[b"http_proc"]  # the kernel deletes its own at exit (requests.bpf.c, at exit) where process_exit is attached
+        for k, p in list(procs.items()):
+            if not self._alive(k.value, p.gen):
+                procs.pop(k, None)

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -564,3 +565,127 @@ def test_a_cuda_process_running_before_the_agent_is_armed_when_start_returns(mon
         assert bool(armed) == start_round, [(lib.shown, lib.pids) for lib in libs.values()]
     finally:
         ra.close()
+
+
+def _http_server(build, port: int, rate: int = 0, dev: str | None = None):
+    import sys
+
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "http", "cuda_http_server.py"), build.lib, str(port),
+                          str(rate), *([dev] if dev else [])])
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            import socket
+
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return p
+        except OSError:
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.1)
+
+
+def _get(conn, path: str, tp: str):
+    import json
+
+    conn.request("GET", path, headers={"traceparent": tp})
+    r = conn.getresponse()
+    return json.loads(r.read())
+
+
+def test_zero_code_requests_count_the_launches_of_their_thread_and_process_exactly(gpu, build):
+    """An unmodified HTTP server (no marker) that launches in the thread serving each request: the
+    span's thread and process counts are the library's own, request by request (no duty cycling)."""
+    import http.client
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = _http_server(build, port)
+    try:
+        wait_attached(gpu, build.lib, p.pid, timeout=15)
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+        _get(conn, "/launch?n=1", "00-" + "a" * 32 + "-" + "b" * 16 + "-01")  # watched by its first call
+        sent = []
+        for i in range(20):
+            tp = f"00-{0xC0DA00 + i:032x}-{0xC0DA00 + i:016x}-01"
+            before = _get(conn, "/calls", "00-" + "c" * 32 + "-" + "d" * 16 + "-01")["calls"]
+            got = _get(conn, f"/launch?n={5 + 3 * i}", tp)
+            sent.append((0xC0DA00 + i, got["calls"] - before, got["tid"]))
+        conn.close()
+        for trace, n, tid in sent:
+            deadline = time.monotonic() + 10
+            while True:
+                spans = [x for x in gpu.ra.spans() if x.parent is not None and x.parent.trace_id == trace]
+                if spans or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert len(spans) == 1, trace
+            a = spans[0].attributes
+            assert a["hostagent.request.source"] == "http" and a["thread.id"] == tid
+            assert a["hostagent.cuda.launches.cuLaunchKernel"] == n, dict(a)
+            assert a["hostagent.request.process.cuda.launches.cuLaunchKernel"] == n, dict(a)
+            assert "hostagent.cuda.coverage.cuLaunchKernel" not in a  # exact: no coverage said
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_duty_cycled_zero_code_counts_are_exact_estimated_or_absent_per_scope(gpu, build):
+    """As the marked requests' test above, for zero-code ones: with the launch probe duty-cycled,
+    each scope's count is exact (no coverage), labelled with its coverage, or absent with coverage 0."""
+    import http.client
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = _http_server(build, port, rate=2000, dev=f"{FAKE_DEV_GLOB[:-1]}-http")
+    try:
+        wait_attached(gpu, build.lib, p.pid, timeout=15)
+        deadline = time.monotonic() + 5
+        while p.pid not in gpu.cp._fds and time.monotonic() < deadline:
+            time.sleep(0.1)
+        cost = gpu.cp.calibration.cost_ns
+        gpu.cp.set_budget(2000 * cost * 1e-9 / 2.5)  # -> weight 3 at 2,000 launches/s
+        try:
+            deadline = time.monotonic() + 15
+            while gpu.cp.weight < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert gpu.cp.weight >= 2, gpu.cp.governor_status()
+            conn = http.client.HTTPConnection("127.0.0.1", port)
+            for i in range(60):
+                _get(conn, "/launch?n=40&gap_us=500", f"00-{0xD0DA00 + i:032x}-{0xD0DA00 + i:016x}-01")
+            conn.close()
+        finally:
+            gpu.cp.set_budget(1.0)
+        spans = []
+        deadline = time.monotonic() + 15
+        while len(spans) < 60 and time.monotonic() < deadline:
+            spans = [x for x in gpu.ra.spans() if x.parent is not None and 0xD0DA00 <= x.parent.trace_id < 0xD0DA00 + 60]
+            time.sleep(0.2)
+        assert len(spans) == 60
+        seen = Counter()
+        for x in spans:
+            a = x.attributes
+            for prefix in ("hostagent.", "hostagent.request.process."):
+                n = a.get(prefix + "cuda.launches.cuLaunchKernel")
+                cov = a.get(prefix + "cuda.coverage.cuLaunchKernel")
+                if cov is None:
+                    seen[prefix, "exact"] += 1
+                    if prefix == "hostagent.":
+                        assert n == 40, dict(a)  # the thread's: exact means exact
+                elif cov == 0:
+                    seen[prefix, "unknown"] += 1
+                    assert n is None, dict(a)  # unknown is absent, never a false 0
+                else:
+                    seen[prefix, "estimate"] += 1
+                    assert 0 < cov < 1 and n is not None, dict(a)
+        # the process scope has the steady thread's launches too, scaled: never said exact unless
+        # the probe was on throughout, and never 0 for a window it was off
+        assert seen["hostagent.", "unknown"] + seen["hostagent.", "estimate"] > 0, seen
+        assert seen["hostagent.request.process.", "unknown"] + seen["hostagent.request.process.", "estimate"] > 0, seen
+    finally:
+        p.kill()
+        p.wait()
+

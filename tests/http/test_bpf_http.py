@@ -267,7 +267,7 @@ def test_concurrent_keep_alive_clients_each_get_their_own_spans(agent, server):
         for i in range(per_client):
             a = span_for(agent, 0xC000 + c, 0x1 + i).attributes
             assert a["hostagent.request.end_reason"] == "http_complete"
-            peaks.append(a["hostagent.request.concurrency"])
+            peaks.append(a["hostagent.request.process.concurrency"])
     assert max(peaks) > 1, peaks  # overlapping requests say they shared the process's evidence
 
 
@@ -320,7 +320,7 @@ def test_tree_groups_follow_the_servers_children_not_its_cgroup(make_agent):
                 assert time.monotonic() < deadline and srv.poll() is None, "uvicorn did not start"
                 time.sleep(0.1)
         a = make_agent(process__pids=[srv.pid], requests__group="tree")
-        assert a.agent.plan.statuses["group_fork"].state == "attached"
+        assert a.agent.plan.statuses["watch_fork"].state == "attached"
         conn = http.client.HTTPConnection("127.0.0.1", port)
         request(conn, "GET", "/engine/pid", 5, 1)  # the server roots its tree, then forks the engine
         engine = json.loads(request(conn, "GET", "/engine/pid", 5, 2)[1])["pid"]

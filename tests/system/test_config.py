@@ -61,6 +61,7 @@ EXPECTED_KEYS = [
     "requests.idle_expiry_s",
     "requests.max_begins_per_s_per_pid",
     "requests.http",
+    "requests.http_conns_per_owner",
     "requests.group",
     "requests.mark_users",
     "requests.mark_cgroups",
