@@ -13,6 +13,10 @@
  *                                          (read_pages: /proc/self/io read_bytes / page, the kernel's count)
  *   loops rw       BATCH NBATCH            ns per write()+read() of 64 bytes through a socketpair, per batch
  *                                          (four socket syscall tracepoints of the zero-code HTTP probes)
+ *   loops http     BATCH NBATCH            ns per HTTP/1.1 exchange through a socketpair, per batch: the
+ *                                          client writes a request head (a traceparent in it), the server
+ *                                          reads it, writes a response head and 16-byte body, the client
+ *                                          reads it (four socket syscalls; a followed request, when watched)
  *
  * cpu_seconds is user+system time of the process(es) doing the work: BPF programs run in the context
  * of the task that hit the tracepoint and are charged to it, while time lost to other tasks (or to
@@ -320,6 +324,30 @@ static int cmd_rw(long batch, long nbatch)
 	return 0;
 }
 
+static int cmd_http(long batch, long nbatch)
+{
+	static const char req[] = "GET /v1/completions HTTP/1.1\r\nHost: bench\r\nUser-Agent: loops/1\r\n"
+				  "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n"
+				  "Accept: */*\r\n\r\n";
+	static const char resp[] = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 16\r\n\r\n"
+				   "0123456789abcdef";
+	char buf[512];
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+		return perror("socketpair"), 1;
+	for (long b = 0; b < nbatch; b++) {
+		uint64_t t0 = now_ns();
+		for (long i = 0; i < batch; i++)
+			if (write(sv[0], req, sizeof(req) - 1) != sizeof(req) - 1 ||
+			    read(sv[1], buf, sizeof(buf)) != sizeof(req) - 1 ||
+			    write(sv[1], resp, sizeof(resp) - 1) != sizeof(resp) - 1 ||
+			    read(sv[0], buf, sizeof(buf)) != sizeof(resp) - 1)
+				return perror("http"), 1;
+		printf("%.1f\n", (double)(now_ns() - t0) / batch);
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -335,6 +363,8 @@ int main(int argc, char **argv)
 		return cmd_faults(atof(argv[2]), atol(argv[3]), atoi(argv[4]), atoi(argv[5]));
 	if (argc >= 4 && !strcmp(argv[1], "rw"))
 		return cmd_rw(atol(argv[2]), atol(argv[3]));
+	if (argc >= 4 && !strcmp(argv[1], "http"))
+		return cmd_http(atol(argv[2]), atol(argv[3]));
 	if (argc >= 6 && !strcmp(argv[1], "pagecache"))
 		return cmd_pagecache(atof(argv[2]), argv[3], atoi(argv[4]), atoi(argv[5]));
 	if (argc >= 5 && !strcmp(argv[1], "pingpong"))

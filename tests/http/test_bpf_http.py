@@ -338,3 +338,40 @@ def test_tree_groups_follow_the_servers_children_not_its_cgroup(make_agent):
     finally:
         os.killpg(srv.pid, signal.SIGKILL)
         srv.wait()
+
+
+def test_tree_groups_hold_an_engine_forked_at_start_before_any_request(make_agent):
+    """vLLM's shape: the front end forks its engine at start, before the agent runs and before any
+    request; requests.group = tree, watched by the front end's pid. The engine joins the front end's
+    tree when the front end joins the watch set (its existing descendants), so each request's group
+    figures hold the engine's work: within the kernel's own counts of both processes."""
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, os.path.join(HERE, "engine_server.py"), str(port)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and srv.poll() is None
+                time.sleep(0.1)
+        engine = int(open(f"/proc/{srv.pid}/task/{srv.pid}/children").read().split()[0])
+        a = make_agent(process__pids=[srv.pid], requests__group="tree")
+        tree = (f"/proc/{srv.pid}", f"/proc/{engine}")
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+        for i in range(5):
+            before = sum(faults(f"{p}/task/{t}/stat") for p in tree for t in os.listdir(f"{p}/task"))
+            status, body = request(conn, "POST", f"/work?pages={PAGES}", 0xF10, 0x80 + i)
+            after = sum(faults(f"{p}/task/{t}/stat") for p in tree for t in os.listdir(f"{p}/task"))
+            inner = json.loads(body)
+            assert status == 200 and inner["pid"] == engine
+            at = span_for(a, 0xF10, 0x80 + i).attributes
+            assert at["hostagent.request.group.root_pid"] == srv.pid
+            assert at["hostagent.request.group.concurrency"] == 1
+            assert inner["faults"] <= at["hostagent.request.group.faults.user"] <= after - before, (inner, dict(at))
+            assert at["hostagent.request.process.faults.user"] < inner["faults"]  # not the front end's own
+        conn.close()
+    finally:
+        os.killpg(srv.pid, signal.SIGKILL)
+        srv.wait()

@@ -193,3 +193,39 @@ def test_asgi_middleware_marks_each_request_of_a_fastapi_app(agent):
     finally:
         srv.kill()
         srv.wait()
+
+
+@pytest.mark.bpf
+def test_a_watched_server_that_marks_gets_no_zero_code_span_not_even_for_its_first_request(make_agent):
+    """A marking server the agent also watches (by pid here; a GPU server is watched anyway): its
+    first request is read before its first marker, so the kernel begins a zero-code request for it;
+    that one's END says the process marks, and user space drops it (http_marked_process)."""
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    srv = subprocess.Popen([sys.executable, "-m", "uvicorn", "marked_app:marked", "--app-dir", HTTP_TESTS,
+                            "--host", "127.0.0.1", "--port", str(port), "--loop", "asyncio", "--http", "h11",
+                            "--log-level", "warning"])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and srv.poll() is None
+                time.sleep(0.1)
+        agent = make_agent(process__pids=[srv.pid])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        for i in range(3):
+            conn.request("GET", f"/touch?pages={10 + i}", headers={"traceparent": f"00-{0xB5170 + i:032x}-{0x800 + i:016x}-01"})
+            assert conn.getresponse().read()
+        conn.close()
+        marked = agent.wait_spans(3, **{"process.pid": srv.pid, "hostagent.request.source": "marker"})
+        assert len(marked) == 3
+        time.sleep(0.5)
+        assert not agent.spans(**{"process.pid": srv.pid, "hostagent.request.source": "http"})
+        assert agent.agent.health.rejected["http_marked_process"] >= 1
+    finally:
+        srv.kill()
+        srv.wait()

@@ -72,6 +72,19 @@ def http_spans(path) -> dict:
     return out
 
 
+def http_spans_all(path) -> list:
+    """The attributes of every zero-code span, with a parent or none."""
+    out = []
+    for req in jsonl_requests(path):
+        for rsp in req.get("resourceSpans", []):
+            for ss in rsp["scopeSpans"]:
+                for s in ss["spans"]:
+                    a = {kv["key"]: next(iter(kv["value"].values())) for kv in s.get("attributes", [])}
+                    if a.get("hostagent.request.source") == "http":
+                        out.append([a])
+    return out
+
+
 def legit_round(port: int, base: int, n: int = N_LEGIT):
     """n requests on keep-alive connections of 20: [(key, path, response)]."""
     sent = []
@@ -247,7 +260,15 @@ def test_another_users_binary_of_the_same_name_never_shares_the_latency_series(r
                     assert time.monotonic() < deadline
                     time.sleep(0.1)
         agent = run_agent(MCP_AGENT_PROCESS_COMMS="vllm")
-        time.sleep(6)  # both found by the watch scan
+        deadline = time.monotonic() + 60  # both found by the watch scan (a round every 5 s; longer when busy)
+        while True:
+            rc.request(port, rc.build_request("GET", "/fast"))
+            rc.request(hport, rc.build_request("GET", "/"))
+            pids = {int(a["process.pid"]) for v in http_spans_all(agent.jsonl) for a in v}
+            if {srv.pid, h.pid} <= pids or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert {srv.pid, h.pid} <= pids, pids
         for i in range(30):
             rc.request(port, rc.build_request("GET", "/fast"))
             rc.request(hport, rc.build_request("GET", "/"))
@@ -268,3 +289,22 @@ def test_another_users_binary_of_the_same_name_never_shares_the_latency_series(r
         srv.kill()
         srv.wait()
         kill(h)
+
+
+def test_the_agents_own_endpoints_are_never_traced(run_agent):
+    """process.watch = all: every process's HTTP is followed, the agent's own /metrics scrapes not (the
+    kernel never watches the agent's tgid, self_tgid)."""
+    import urllib.request
+
+    port = rs.free_port()
+    agent = run_agent(MCP_AGENT_PROCESS_WATCH="all", MCP_AGENT_EXPORT_PROMETHEUS_LISTEN=f"127.0.0.1:{port}")
+    for _ in range(10):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            assert r.status == 200 and r.read()
+    time.sleep(3)
+    mine = [a for req in jsonl_requests(agent.jsonl) for rsp in req.get("resourceSpans", [])
+            for ss in rsp["scopeSpans"] for s in ss["spans"]
+            for a in [{kv["key"]: next(iter(kv["value"].values())) for kv in s.get("attributes", [])}]
+            if a.get("hostagent.request.source") == "http" and int(a.get("process.pid", -1)) == agent.p.pid]
+    assert not mine, mine[:2]
+    stop(agent)
