@@ -20,6 +20,21 @@ sys.path[:0] = [str(d) for d in sorted(Path(__file__).parent.iterdir())
                 if d.is_dir() and any(d.glob("test_*.py")) and str(d) not in sys.path]
 
 
+def wait_port(port: int, proc=None, timeout: float = 30.0) -> None:
+    """Until 127.0.0.1:port accepts a connection; fails if proc (a Popen) exits first or the time passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            import socket
+
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on port {port} after {timeout} s"
+            assert proc is None or proc.poll() is None, f"the server exited ({proc.returncode})"
+            time.sleep(0.1)
+
+
 def bpf_unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return "needs root (BPF, tracefs)"

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import RunningAgent, identity_on_resource_only
+from conftest import RunningAgent, identity_on_resource_only, wait_port
 
 pytestmark = pytest.mark.bpf
 
@@ -572,16 +572,8 @@ def _http_server(build, port: int, rate: int = 0, dev: str | None = None):
 
     p = subprocess.Popen([sys.executable, os.path.join(HERE, "http", "cuda_http_server.py"), build.lib, str(port),
                           str(rate), *([dev] if dev else [])])
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            import socket
-
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return p
-        except OSError:
-            assert time.monotonic() < deadline and p.poll() is None
-            time.sleep(0.1)
+    wait_port(port, p, 20)
+    return p
 
 
 def _get(conn, path: str, tp: str):

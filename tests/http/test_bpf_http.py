@@ -22,6 +22,8 @@ import time
 
 import pytest
 
+from conftest import wait_port
+
 pytestmark = pytest.mark.bpf
 HERE = os.path.dirname(os.path.abspath(__file__))
 TP = "00-{trace:032x}-{span:016x}-01"
@@ -348,14 +350,7 @@ def test_tree_groups_hold_an_engine_forked_at_start_before_any_request(make_agen
     port = free_port()
     srv = subprocess.Popen([sys.executable, os.path.join(HERE, "engine_server.py"), str(port)], start_new_session=True)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and srv.poll() is None
-                time.sleep(0.1)
+        wait_port(port, srv, 20)
         engine = int(open(f"/proc/{srv.pid}/task/{srv.pid}/children").read().split()[0])
         a = make_agent(process__pids=[srv.pid], requests__group="tree")
         tree = (f"/proc/{srv.pid}", f"/proc/{engine}")

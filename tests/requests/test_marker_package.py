@@ -17,6 +17,8 @@ import zipfile
 
 import pytest
 
+from conftest import wait_port
+
 import mcp_hostagent_marker as M
 from mcp_hostagent.core import records as R
 
@@ -207,14 +209,7 @@ def test_a_watched_server_that_marks_gets_no_zero_code_span_not_even_for_its_fir
                             "--host", "127.0.0.1", "--port", str(port), "--loop", "asyncio", "--http", "h11",
                             "--log-level", "warning"])
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and srv.poll() is None
-                time.sleep(0.1)
+        wait_port(port, srv, 30)
         agent = make_agent(process__pids=[srv.pid])
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         for i in range(3):

@@ -46,12 +46,16 @@ def hostile_bin(tmp_path_factory):
     subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{bpf_source_dir()}", "-o", out,
                     os.path.join(HERE, "c", "hostile.c"), "-ldl", "-lpthread"], check=True)
     os.chmod(out, 0o755)
-    # the uid must be able to reach it through every parent
-    p = os.path.dirname(str(d))
+    reachable(d)
+    return out
+
+
+def reachable(path) -> None:
+    """Every directory above path searchable by anyone: the hostile uid must reach what it runs."""
+    p = os.path.dirname(str(path))
     while p != "/":
         os.chmod(p, os.stat(p).st_mode | 0o711)
         p = os.path.dirname(p)
-    return out
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "http"))
 import rawclient as rc  # noqa: E402
 import realservers as rs  # noqa: E402
 from test_reliability import jsonl_requests, last_counter  # noqa: E402
-from test_security_blinding import HOSTILE_UID, as_hostile, hostile_cgroup, run_agent, stop  # noqa: E402,F401
+from test_security_blinding import HOSTILE_UID, as_hostile, hostile_cgroup, reachable, run_agent, stop  # noqa: E402,F401
 
 pytestmark = pytest.mark.bpf
 N_LEGIT = 200
@@ -43,10 +43,7 @@ def hostile_dir(tmp_path_factory):
         os.chmod(p, 0o755)
     os.chown(d, HOSTILE_UID, HOSTILE_UID)
     os.chmod(d, 0o755)
-    p = os.path.dirname(str(d))
-    while p != "/":
-        os.chmod(p, os.stat(p).st_mode | 0o711)
-        p = os.path.dirname(p)
+    reachable(d)
     return d
 
 
