@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import bpfsys, compile_cache, compile_worker, mapset
+from . import bpfsys, compile_cache, compile_worker, mapset, own
 from .probes import ATTACHED, MISSING, TRACEPOINT_KINDS, ProbePlan
 from .records import bpf_source_dir
 
@@ -696,19 +696,6 @@ def _stop_all(workers) -> None:
         w.stop()
 
 
-_live_lock = threading.Lock()
-_live: dict[int, subprocess.Popen] = {}  # pid -> compile worker, until reaped
-
-
-def worker_pids() -> set[int]:
-    """This process's compile workers not yet reaped: the watch scan never watches them
-    (core/discovery.py own_pids)."""
-    with _live_lock:
-        for pid in [pid for pid, p in _live.items() if p.returncode is not None]:
-            del _live[pid]
-        return set(_live)
-
-
 class _Worker:
     """A compile_worker.py process, started at once (it imports bcc), compiling once sent a part."""
 
@@ -728,8 +715,7 @@ class _Worker:
         except OSError:
             self.diag.close()
             raise
-        with _live_lock:
-            _live[self.proc.pid] = self.proc
+        own.started(self.proc)  # never watched (core/discovery.py)
 
     def send(self, text: str, flags: list[str]) -> None:
         """Write the request from a thread of its own (_feed), which closes stdin after it."""
