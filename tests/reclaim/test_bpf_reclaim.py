@@ -33,6 +33,21 @@ def totals(agent) -> dict[str, int]:
     return {k: vals[i] for k, i in RT.items() if k != "max"}
 
 
+def steady_totals(agent) -> tuple[dict, dict]:
+    """The agent's reclaim totals and /proc/vmstat, as of one moment: they are two reads, and a reclaim
+    pass between them (any process on the host) counts in one and not the other (seen: 256 direct
+    pages apart). Taken between two vmstat reads that agree on the four counters."""
+    keys = ("pgscan_kswapd", "pgsteal_kswapd", "pgscan_direct", "pgsteal_direct")
+    for _ in range(50):
+        va = memstat.read_vmstat()
+        t = totals(agent)
+        vm = memstat.read_vmstat()
+        if all(va[k] == vm[k] for k in keys):
+            break
+        time.sleep(0.1)
+    return t, vm
+
+
 def _v2_root() -> str | None:
     for line in open("/proc/self/mountinfo"):
         f = line.split()
@@ -349,7 +364,7 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent, untraced):
 
     try:
         child.do("spin 1")
-        t0, vm0 = totals(a), memstat.read_vmstat()
+        t0, vm0 = steady_totals(a)
         child.do(f"begin 202 {TP}")
         tried = []
         for attempt in range(1, 4):
@@ -396,7 +411,7 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent, untraced):
         # (a storm can open on direct reclaim with kswapd barely busy: its peak is then small too)
         kswapd_cpu = (sum(memstat.kswapd_cpu_ticks().values()) - ticks0) / CLK_TCK / (time.monotonic() - w0)
         time.sleep(0.5)
-        t1, vm1 = totals(a), memstat.read_vmstat()
+        t1, vm1 = steady_totals(a)
         hidden = untraced.untraced()
         d = {k: vm1[k] - vm0[k] for k in ("pgscan_kswapd", "pgsteal_kswapd", "pgscan_direct", "pgsteal_direct")}
         assert d["pgsteal_kswapd"] > 10_000, d
