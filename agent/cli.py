@@ -133,10 +133,8 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
     runs on; a good one restarts the pipeline with it. Under systemd (Type=notify) READY=1 is sent once
     the probes are attached, WATCHDOG=1 every status tick.
 
-    Start-up compiles the BPF programs with LLVM, in worker processes beside this one where there are
-    CPUs, CPU quota and memory for them (MCP_HOSTAGENT_COMPILE_SPLIT=0: one process; =N: at most N
-    workers, where a container hides its limits from the agent), and keeps the workers'
-    programs in /var/cache/mcp-hostagent/bpf for the next start on this kernel
+    Start-up compiles the BPF programs with LLVM and keeps them in /var/cache/mcp-hostagent/bpf:
+    the next start on this kernel with these settings loads them without a compile
     (MCP_HOSTAGENT_COMPILE_CACHE: another directory, or off).
     """
     overrides = {

@@ -1,9 +1,7 @@
-"""The `mcp-agent` command's entry point (and `python -m mcp_hostagent`): for `run`, the BPF
-compile's slow beginnings are begun before the CLI is imported (core/loader.py begin_early)."""
+"""The `mcp-agent` command's entry point (and `python -m mcp_hostagent`)."""
 
 from __future__ import annotations
 
-import sys
 import warnings
 
 
@@ -18,21 +16,8 @@ def quiet_bcc_escape_warnings() -> None:
                                 module=r".*[/\\]bcc[/\\]")  # a compile warning's module is its file's path
 
 
-def compiles(args: list[str]) -> bool:
-    """Whether the command line args (without the program) compiles BPF: `run` only, and not its
-    --help or --show-config."""
-    return args[:1] == ["run"] and not {"-h", "--help", "--show-config"} & set(args)
-
-
 def main():
     quiet_bcc_escape_warnings()
-    if compiles(sys.argv[1:]):
-        from .core import loader
-
-        try:
-            loader.begin_early()
-        except Exception:  # noqa: BLE001 - a head start only: compile_ahead does it all again and reports what fails
-            pass
     from .cli import main as cli_main
 
     return cli_main()

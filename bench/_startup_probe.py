@@ -2,7 +2,7 @@
 
     python bench/_startup_probe.py OUT.json run --no-status ...
 
-Runs the entry point's main() in this process, as `mcp-agent` does (begin_early timed first), after
+Runs the entry point's main() in this process, as `mcp-agent` does, after
 wrapping the functions that make up start-up and shutdown: each wrapper records (name, start, end)
 in CLOCK_MONOTONIC ns, which the parent shares, so the steps line up with its spawn, READY=1,
 SIGTERM and exit times. The record is written at exit, by the first atexit handler registered (so
@@ -53,13 +53,9 @@ def timed(owner, attr: str, name: str, once: bool = False) -> None:
 
 
 t0 = time.monotonic_ns()
-from mcp_hostagent import entry  # noqa: E402
-from mcp_hostagent.core import loader  # noqa: E402
+from mcp_hostagent import entry  # noqa: E402,F401
+from mcp_hostagent.core import bccglue, loader  # noqa: E402
 
-if entry.compiles(sys.argv[1:]):
-    loader.begin_early()  # what the entry point does first for `run` (its later call is then a no-op)
-spans.append(("begin early (loader import, workers, libbcc)", t0, time.monotonic_ns()))
-t0 = time.monotonic_ns()
 importlib.import_module("mcp_hostagent.cli")  # click, config: what the entry point imports next
 
 spans.append(("import cli (click, config)", t0, time.monotonic_ns()))
@@ -77,7 +73,7 @@ timed(agent.Agent, "start", "Agent.start")
 timed(agent, "prepare_kernel", "kernel: tracefs, headers")
 timed(exporters, "from_config", "exporters: build")  # Agent.start calls exporters.from_config(cfg)
 timed(loader, "load", "loader.load")
-timed(loader, "_bpf_class", "import bcc", once=True)
+timed(bccglue, "bpf_class", "import bcc", once=True)
 timed(loader, "_compile", "bcc/LLVM compile")  # run's compile: in a thread, begun ahead; both processes
 timed(loader, "_take_ahead", "compile wait")
 timed(CudaProbes, "start", "cuda: libcuda scan, calibration")

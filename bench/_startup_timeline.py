@@ -28,12 +28,11 @@ IMPORTS = {"mcp_hostagent.entry", "mcp_hostagent.cli", "mcp_hostagent.core.agent
            "pyroute2", "mcp_hostagent.control", "mcp_hostagent.sdnotify", "mcp_hostagent.exporters.files"}
 # module -> [(owner attribute path, event name)]
 WRAP = {
-    "mcp_hostagent.core.loader": [("begin_early", "begin early: workers, libbcc"), ("_preload_libbcc", "libbcc dlopen"),
-                                  ("compile_ahead_for", "compile ahead: begin"), ("_begin", "cache looked up, parts sent"),
-                                  ("_compile", "compile line"), ("_Worker.reply", "a worker's reply taken"),
-                                  ("_compile_quietly", "bcc compile"), ("_load_parts", "verify parts"),
-                                  ("_take_ahead", "wait for the compile"), ("load", "loader.load"),
-                                  ("release_compiler_memory", "release compiler memory")],
+    "mcp_hostagent.core.loader": [("compile_ahead_for", "compile ahead: begin"), ("_compile", "compile line"),
+                                  ("_from_cache", "the unit from the cache"), ("_load_all", "verify programs"),
+                                  ("_take_ahead", "wait for the compile"), ("load", "loader.load")],
+    "mcp_hostagent.core.bccglue": [("compile_quietly", "bcc compile"),
+                                   ("release_compiler_memory", "release compiler memory")],
     "mcp_hostagent.core.mapset": [("make", "maps made")],
     "mcp_hostagent.core.compile_cache": [("get", "cache read")],
     "mcp_hostagent.core.agent": [("Agent.start", "Agent.start"), ("Agent.__init__", "Agent()")],

@@ -9,16 +9,12 @@ with CLOCK_MONOTONIC, the clock the spawn time was taken on. One second later (t
 has run) the agent's memory is read from /proc/PID/smaps_rollup and SIGTERM is sent; stop is SIGTERM
 to the process's exit (drain, detach every probe, flush the exporters, interpreter exit).
 
-Runs alternate between the plain entry point (the headline numbers), the same with the BPF unit
-compiled in one process ($MCP_HOSTAGENT_COMPILE_SPLIT=0; by default worker processes compile parts of it:
-agent/core/loader.py), and the same CLI under bench/_startup_probe.py, which wraps each start-up and
-shutdown step in a stopwatch (the breakdown). The two compile modes are compared round by round: the
-median of the per-round ratios of start and of compile time. Then the bench process itself calls
-loader.load() in both modes, taking turns: the compile's own ratio, without the CLI's import of the
-pipeline competing for the CPUs (on a host with many CPUs the CLI sees this one).
-A fourth kind loads the workers' parts from the compile cache (a temporary one, filled by the first,
-uncounted run): a restart or a start after reboot on the same kernel; the other kinds each get an
-empty cache and compile as a first start does (looking the parts up and writing them). With --drop-caches, a further kind of run first drops the page cache (echo 3 > drop_caches): a start
+Runs alternate between the plain entry point (the headline numbers: a first start, the BPF unit
+compiled), the same CLI under bench/_startup_probe.py, which wraps each start-up and shutdown step in
+a stopwatch (the breakdown), and a start whose unit comes from the compile cache (a temporary one,
+filled by the first, uncounted run): a restart or a start after reboot on the same kernel; the other
+kinds each get an empty cache and compile as a first start does (looking the unit up and writing it).
+The cached and first starts are compared round by round: the median of the per-round ratios. With --drop-caches, a further kind of run first drops the page cache (echo 3 > drop_caches): a start
 from disk, as after a reboot; it slows everything else on the host for a moment.
 
 On request (--kinds timeline, first-timeline), cached or first starts under bench/_startup_timeline.py,
@@ -56,7 +52,6 @@ TIMELINES = ("timeline", "first-timeline")  # the kinds run under _startup_timel
 # (step name in _startup_probe.py, what the report calls it), in start-up order; "other" is the rest
 START_STEPS = [
     ("python start-up", "interpreter and site start-up (to the first line of the CLI)"),
-    ("begin early (loader import, workers, libbcc)", "begin early: import the loader, start workers, load libbcc"),
     ("import cli (click, config)", "import the CLI (click, config)"),
     ("import pipeline (OTel SDK, psutil, ...)", "import the pipeline (OTel SDK, psutil, ...)"),
     ("kernel: tracefs, headers", "kernel: tracefs, find headers"),
@@ -89,8 +84,6 @@ def one_run(kind: str, tmp: str, i: int) -> dict:
     ns = c.notify_socket(f"startup{i}")
     env = c.cli_env(NOTIFY_SOCKET=ns.address, MCP_AGENT_CONTROL_SOCKET=os.path.join(tmp, f"ctl-{i}.sock"))
     args = ["run", "--no-status", "--jsonl", os.path.join(tmp, f"telemetry-{i}.jsonl")]
-    if kind == "single":
-        env["MCP_HOSTAGENT_COMPILE_SPLIT"] = "0"
     # the compile cache kept from run to run only where measured; every other kind starts as a first
     # start does, on the default: the cache on and empty (its look-ups and writes counted)
     env["MCP_HOSTAGENT_COMPILE_CACHE"] = os.path.join(tmp, "compile-cache" if kind in ("cached", "timeline")
@@ -193,7 +186,7 @@ def steps(rec: dict, t_spawn: int, t_ready: int, t_term: int, t_stopping: int | 
     dur = lambda n: sum(t1 - t0 for t0, t1 in sp.get(n, [])) / 1e9  # noqa: E731
     first = lambda n: sp[n][0] if sp.get(n) else (0, 0)  # noqa: E731
     out = {"python start-up": (marks["main"] - t_spawn) / 1e9}
-    for n in ("begin early (loader import, workers, libbcc)", "import cli (click, config)", "import pipeline (OTel SDK, psutil, ...)", "kernel: tracefs, headers",
+    for n in ("import cli (click, config)", "import pipeline (OTel SDK, psutil, ...)", "kernel: tracefs, headers",
               "exporters: build", "cuda: libcuda scan, calibration", "telemetry: providers", "gpu health sources",
               "control socket"):
         out[n] = dur(n)
@@ -234,51 +227,20 @@ def import_times(n: int = 10) -> list[tuple[str, float]]:
     return sorted(top, key=lambda x: -x[1])[:n]
 
 
-def compile_alone(rounds: int) -> list[tuple[float, float]]:
-    """loader.load in this process, two compile processes and one taking turns (ABBA), nothing else
-    running: the compile's own ratio, without the CLI's pipeline import competing for the CPUs.
-    Returns (two, one) seconds of load() (compile and attach) per round."""
-    from mcp_hostagent.config import load_config
-    from mcp_hostagent.core import kernel, loader, probes
-
-    cfg = load_config(None, env={})
-    kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
-    out = []
-    for r in range(rounds):
-        got = {}
-        for split in (("", "0") if r % 2 == 0 else ("0", "")):  # "": as many workers as the CPUs allow
-            if split:
-                os.environ[loader.SPLIT_ENV] = split
-            else:
-                os.environ.pop(loader.SPLIT_ENV, None)
-            os.environ["MCP_HOSTAGENT_COMPILE_CACHE"] = "off"
-            plan = probes.plan(cfg.probes_disable, off=probes.switched_off(cfg))
-            t0 = time.monotonic()
-            (ld,) = loader.load(plan, loader.bpf_settings(cfg))
-            got[split] = time.monotonic() - t0
-            ld.bpf.cleanup()
-            if not split and ld.processes.startswith("1 process"):
-                raise RuntimeError(f"the split compile did not happen: {ld.processes}")
-        out.append((got[""], got["0"]))
-    os.environ.pop(loader.SPLIT_ENV, None)
-    os.environ.pop("MCP_HOSTAGENT_COMPILE_CACHE", None)
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 runs of each kind (~30 s)")
     ap.add_argument("--runs", type=int, help="runs of each kind; default 8, --quick 3")
     ap.add_argument("--drop-caches", action="store_true", help="also runs after dropping the page cache")
     ap.add_argument("--json", help="also write the results to this file")
-    ap.add_argument("--kinds", help="comma-separated subset of plain,single,cached,instrumented,timeline,"
+    ap.add_argument("--kinds", help="comma-separated subset of plain,cached,instrumented,timeline,"
                     "first-timeline (default: all but the timelines, a cached or a first start's events in "
                     "order: where its time goes)")
     a = ap.parse_args(argv)
     c.require_root()
     c.ensure_project_python()
     runs = a.runs or (3 if a.quick else 8)
-    known = ["plain", "single", "cached", "instrumented", "timeline", "first-timeline"]
+    known = ["plain", "cached", "instrumented", "timeline", "first-timeline"]
     kinds = known[:-2]
     if a.kinds:
         bad = set(a.kinds.split(",")) - set(known)
@@ -309,7 +271,6 @@ def main(argv=None) -> int:
                       f"stop {row['stop_s']:.2f} s, RSS {row['rss_mb']:.0f} MB, PSS {row['pss_mb']:.0f} MB", flush=True)
             guard.after()
         imports = import_times()
-    alone = compile_alone(runs)
 
     results = {"machine": c.machine(), "runs": runs, "warning": guard.note(), "target_s": TARGET_S, "rows": rows}
     keep = set(guard.pick(list(range(runs))))  # the clean rounds, if at least half are
@@ -322,8 +283,8 @@ def main(argv=None) -> int:
         s["attached_s"] = (c.med(att), max(att)) if att else (None, None)
         s["compile_s"] = (c.med(x.get("compile_s") for x in xs), max(x.get("compile_s", 0) for x in xs))
         results[k] = s
-        label = {"plain": "mcp-agent run", "single": "same, one compile process", "instrumented": "same, steps timed",
-                 "cached": "same, parts from the compile cache", "cold": "after drop_caches",
+        label = {"plain": "mcp-agent run", "instrumented": "same, steps timed",
+                 "cached": "same, the unit from the compile cache", "cold": "after drop_caches",
                  "timeline": "cached, events timed", "first-timeline": "first start, events timed"}[k]
         table.append([label, _f(s["attached_s"][0]), _f(s["attached_s"][1]),
                       f"{s['start_s'][0]:.2f}", f"{s['start_s'][1]:.2f}", f"{s['compile_s'][0]:.2f}",
@@ -348,8 +309,7 @@ def main(argv=None) -> int:
     pairs = {}
     for x in rows:
         pairs.setdefault(x["round"], {})[x["kind"]] = x
-    for (a_, b_, name, vs) in (("plain", "single", "split", "compile processes / 1"),
-                               ("cached", "plain", "cache", "from the compile cache / compiled")):
+    for (a_, b_, name, vs) in (("cached", "plain", "cache", "from the compile cache / compiled"),):
         for m in ("start_s", "compile_s"):
             ratios = [p[a_][m] / p[b_][m] for p in pairs.values()
                       if a_ in p and b_ in p and p[b_].get(m) and p[a_].get(m)]
@@ -361,14 +321,6 @@ def main(argv=None) -> int:
                                 "spread": f"{min(ratios):.2f}-{max(ratios):.2f}"})
                 print(f"  {what}: {vs}, median of {len(ratios)} paired rounds "
                       f"{c.med(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
-    ratios = [two / one for two, one in alone]
-    results["compile_alone"] = alone
-    summary.append({"what": f"load() alone (compile, attach), split / 1 process, median of {len(ratios)} rounds",
-                    "unit": "ratio", "none": c.med(one for _, one in alone), "agent": c.med(two for two, _ in alone),
-                    "added": None, "ratio": c.med(ratios), "spread": f"{min(ratios):.2f}-{max(ratios):.2f}"})
-    print(f"  load() alone in this process: split {c.med(two for two, _ in alone):.3f} s, "
-          f"1 process {c.med(one for _, one in alone):.3f} s; ratio median {c.med(ratios):.3f} "
-          f"(range {min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} rounds)")
     c.print_table(f"start and stop, seconds (median, max over {len(rows) // len(kinds)} runs of each; rounds beside "
                   "another BPF tracer left out when at least half are clean); memory 1 s after READY=1 (median)",
                   ["run", "attached", "max", "READY", "max", "compile", "stop", "max", "RSS MB", "PSS MB"], table)

@@ -1,26 +1,21 @@
-"""The compile workers' replies, kept on disk: a later start with the same unit, flags, bcc, kernel,
-header tree and tracepoint formats loads them instead of running LLVM again for that part. The maps'
-description (core/mapset.py) is an entry too, keyed by the flags without the probe macros and the
-possible CPUs: with it, a start whose parts are all cached runs no compile. One more entry, the
-warm hint (WARM), tells a start before bcc is imported that the last one left every part here, so
-that it starts no compile worker ahead of the look-ups (loader.compile_ahead); its early hint tells
-`run` the same before it has read its config (loader.begin_early).
+"""The compiled unit kept on disk: a later start with the same unit, flags, bcc, kernel, header tree
+and tracepoint formats makes the maps from their description (core/mapset.py) and loads the kept
+programs instead of running LLVM (core/loader.py).
 
-A reply is what core/compile_worker.py prints: programs' instructions naming the worker's map fds by
-table name, rewritten to the agent's maps at each load (loader._rebind_maps), so it holds no fd or
-address of the process that compiled it. The kernel's verifier checks every program at load as for
-a fresh compile. The key covers what a compile reads: the unit's text and flags, bcc's version and
-library, the kernel release and build, the header tree bcc uses (its generated config's size and
-mtime), and the format of each tracepoint the part attaches to (bcc builds TRACEPOINT_PROBE's args
-struct from it). Anything else that changed is caught where it matters: a program that no longer
-fits fails to load, and the agent compiles everything again (loader._compile).
+An entry is the unit's programs' instructions, naming the compiling process's map fds by table name
+(rewritten to the new maps at each load: loader._rebind_maps, so it holds no fd or address of the
+process that compiled it), and the maps' description. The kernel's verifier checks every program at
+load as for a fresh compile. The key covers what a compile reads: the unit's text and flags, bcc's
+version and library, the kernel release and build, the header tree bcc uses (its generated config's
+size and mtime), the headers the unit includes, the format of each tracepoint it attaches to (bcc
+builds TRACEPOINT_PROBE's args struct from it), the maps' description format and the possible CPUs.
+Anything else that changed is caught where it matters: a program that no longer loads drops the
+entry, and the unit compiles again.
 
 Who can write here can choose the BPF programs a root agent loads: the directory must be a real
 directory owned by this uid and writable by no one else, every directory above it changeable by
 root or this uid alone (or sticky), entries regular files of this uid; otherwise the cache is not
-used and the start-up banner says why. A program of a cached part that the kernel no longer loads
-drops the entry and the unit compiles in one process (loader._compile loads every adopted program
-before it is kept or used).
+used and the start-up banner says why.
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ from .kernel import DEBUGFS, TRACEFS
 
 ENV = "MCP_HOSTAGENT_COMPILE_CACHE"  # a directory, or "off"
 DEFAULT_DIR = "/var/cache/mcp-hostagent/bpf"
-MAX_ENTRIES = 32  # per unit version and kernel: one per part (7 at most: six workers' and this process's, loader.WORKER_GROUPS; a reload with less memory may take 5), the maps' and the warm hint; older dropped
+MAX_ENTRIES = 8  # units kept (settings, kernels, versions); older ones dropped
 TRACEFS_ROOTS = (TRACEFS, f"{DEBUGFS}/tracing")  # where bcc reads formats
 
 
@@ -133,40 +128,6 @@ def key(text: str, cflags: list[str], tracepoints: list[str], extra: dict | None
         **({"extra": extra} if extra else {}),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
-
-
-WARM = "warm"  # an entry: the hint of the last start that left every part and the maps here
-
-
-def hint(text: str, cflags: list[str], parts: list) -> str:
-    """What a start can know before importing bcc (key() cannot): the unit, its flags, its split and
-    the kernel. Equal to the last start's stored hint (warm()), every entry is most likely here: the
-    loader then starts no compile worker ahead of the look-ups."""
-    return _on_this_kernel(text, cflags, parts)
-
-
-def early_hint(text: str) -> str:
-    """What `run` knows before reading its config (loader.begin_early): the unit and the kernel. Equal
-    to the last start's (warm(path, e, "early")), that start most likely left every part here too."""
-    return _on_this_kernel(text)
-
-
-def _on_this_kernel(*items) -> str:
-    uname = os.uname()
-    return hashlib.sha256(json.dumps([*items, uname.release, uname.version]).encode()).hexdigest()
-
-
-def warm(path: str, h: str, field: str = "hint") -> bool:
-    """The last start stored h as field (mark_warm). Never raises: a wrong answer costs time, not
-    correctness, since key() still decides each entry."""
-    try:
-        return (get(path, WARM) or {}).get(field) == h
-    except Exception:  # noqa: BLE001 - CacheError, OSError, a RecursionError from a hostile entry: not warm
-        return False
-
-
-def mark_warm(path: str, h: str, early: str = "") -> None:
-    put(path, WARM, {"hint": h, "early": early})
 
 
 def _libbcc_path() -> str:

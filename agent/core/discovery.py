@@ -36,7 +36,7 @@ namespace) and must not hide another process that maps the same real node. Limit
 usually 0666 and libcuda readable by all, so a user may still open or map the real ones and be
 watched; what is refused is files a user made.
 
-The agent never watches itself: its pid and its compile workers not yet reaped (core/own.py)
+The agent never watches itself: its pid and its compile workers not yet reaped 
 leave every watch set, named pids and comms included, so its own endpoints are never traced.
 process.watch = all is the kernel's (MCP_WATCH_ALL in bpf/common.bpf.c), not this scan's: there the
 agent is left out only where the kernel's watched()/watched_bit() leave its tgid out.
@@ -54,7 +54,7 @@ import stat
 import threading
 from typing import Callable
 
-from . import own, procscan
+from . import procscan
 
 NVIDIA_MAJOR = 195  # nvidia0..N, nvidiactl (255), nvidia-modeset (254)
 DEV_PREFIX = b"/dev/nvidia"
@@ -92,7 +92,7 @@ def nvidia_majors(proc_root: str = "/proc") -> frozenset[int]:
 def own_pids() -> set[int]:
     """This process and its compile workers: never watched. (Not every child: the processes an agent
     run in-process by a test starts are the watched ones.)"""
-    return own.pids()
+    return {os.getpid()}
 
 
 def _fields(line: bytes):

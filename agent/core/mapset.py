@@ -45,7 +45,7 @@ def describe(module) -> list[dict]:
     """Every table of a compiled bcc module, as make() needs it and bcc's Table classes read it."""
     from bcc import libbcc
 
-    from .compile_worker import tables
+    from .bccglue import tables
 
     lib = libbcc.lib
     out = []

@@ -295,32 +295,25 @@ def test_a_real_unprivileged_attacker_with_nvidia_and_libcuda_paths_is_not_watch
 # ---- never the agent itself -------------------------------------------------------------------------
 
 @needs_root
-def test_the_agent_and_its_compile_workers_are_never_watched(tree):
-    """Its own pid and a live compile worker (a real one: loader._Worker) are left out, named by pid or
-    comm or mapping an NVIDIA node; another child of the agent's process (what an in-process agent's
-    test runs) is not the agent's, and a worker once reaped is not either."""
-    from mcp_hostagent.core import loader
-
+def test_the_agent_is_never_watched(tree):
+    """Its own pid is left out, named by pid or comm or mapping an NVIDIA node; another child of the
+    agent's process (what an in-process agent's test runs) is not the agent's."""
     real = tree.node("nvidia0", 195)
     me = os.getpid()
     comm = Path(f"/proc/{me}/comm").read_text().strip()
-    worker = loader._Worker()
     other = subprocess.Popen(["sleep", "30"])
     try:
-        for pid in (me, worker.proc.pid, other.pid, PID0):
+        for pid in (me, other.pid, PID0):
             tree.pid(pid, line("/dev/nvidia0", real), comm=comm)
-        assert discovery.own_pids() == {me, worker.proc.pid}
+        assert discovery.own_pids() == {me}
         proc = str(tree.proc)
         assert discovery.watch_set(proc, gpu=True) == {PID0, other.pid}
         # named by pid or by comm, GPU filter off: still not
-        assert discovery.watch_set(proc, pids=(me, worker.proc.pid), comms=(comm,), gpu=False) == {PID0, other.pid}
+        assert discovery.watch_set(proc, pids=(me,), comms=(comm,), gpu=False) == {PID0, other.pid}
         assert me not in discovery.watch_set(pids=(me,), comms=(comm,), gpu=True)  # the real /proc
     finally:
-        worker.stop()
         other.kill()
         other.wait()
-    assert discovery.own_pids() == {me}
-    assert worker.proc.pid in discovery.watch_set(str(tree.proc), gpu=True)
 
 
 class _Table(dict):

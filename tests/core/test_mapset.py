@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from mcp_hostagent.core import bpfsys, compile_worker, loader, mapset, probes
+from mcp_hostagent.core import bccglue, bpfsys, loader, mapset, probes
 
 pytestmark = pytest.mark.bpf
 
@@ -25,10 +25,10 @@ def _compiled(probe_macros: bool, text: str | None = None):
     cfg = load_config(None, env={})
     kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
     if text is not None:
-        return loader._bpf_class()(text=text.encode())
+        return bccglue.bpf_class()(text=text.encode())
     flags = loader.cflags_for(probes.plan(()), loader.bpf_settings(cfg))
     flags = flags if probe_macros else [f for f in flags if not f.startswith("-DMCP_PROBE_")]
-    return loader._bpf_class()(text=loader.unit_source().encode(), cflags=flags)
+    return bccglue.bpf_class()(text=loader.unit_source().encode(), cflags=flags)
 
 
 def _kernel_view(fd: int) -> dict:
@@ -41,8 +41,8 @@ def test_the_units_maps_are_made_as_bcc_makes_them_and_do_not_depend_on_the_prob
     try:
         desc = mapset.describe(maps_only.module)
         assert desc == mapset.describe(full.module)  # one entry serves every plan
-        assert {m["name"] for m in desc} == set(compile_worker.tables(full.module).values())
-        made = loader._bpf_class().from_maps(desc)
+        assert {m["name"] for m in desc} == set(bccglue.tables(full.module).values())
+        made = bccglue.bpf_class().from_maps(desc)
         try:
             # bcc's state, as its constructor leaves it before the compile (attach, detach, cleanup read it)
             assert set(vars(full)) <= set(vars(made)), set(vars(full)) - set(vars(made))
@@ -87,7 +87,7 @@ def test_a_description_it_cannot_trust_makes_nothing_and_leaves_nothing_open():
                        (other_type, "does not make"), (no_flags, "does not make"), (twice, "described twice"),
                        ([], "no table"), ({"maps": 1}, "no table")):
         with pytest.raises(mapset.MapSetError) as e:
-            loader._bpf_class().from_maps(wrong)
+            bccglue.bpf_class().from_maps(wrong)
         assert why in str(e.value), str(e.value)
         assert len(os.listdir("/proc/self/fd")) == before
 
@@ -121,10 +121,10 @@ def test_a_units_programs_on_made_maps_count_the_syscalls_this_test_makes():
     and the per-CPU array through bcc's own table classes."""
     compiled = _compiled(False, UNIT)
     try:
-        desc, reply = mapset.describe(compiled.module), compile_worker.reply_of(compiled.module)
+        desc, reply = mapset.describe(compiled.module), bccglue.programs(compiled.module)
     finally:
         compiled.cleanup()
-    made = loader._bpf_class().from_maps(desc)
+    made = bccglue.bpf_class().from_maps(desc)
     try:
         made.adopt(loader._rebound(made, reply), reply["license"].encode(), int(reply["kern_version"]))
         made.attach_tracepoint(tp=b"syscalls:sys_enter_getppid", fn_name=b"tracepoint__syscalls__sys_enter_getppid")

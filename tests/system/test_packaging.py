@@ -110,21 +110,15 @@ def test_capabilities_are_the_measured_set():
     assert sorted("CAP_" + c.strip().strip('"') for c in add.split(",")) == sorted(measured)
 
 
-def test_the_daemonsets_limits_admit_the_compile_workers_it_asks_for():
-    """The pod's limits are hidden from the agent (core/loader.py limits_hidden), so the DaemonSet
-    names the workers; its limits must hold them: memory for split_for's own arithmetic (the
-    agent's start, a worker's, and the 15 MiB measured charged at the decision), a CPU each."""
-    from mcp_hostagent.core import loader
-
+def test_the_limits_admit_a_first_start_and_leave_room():
+    """The compile charges ~157 MiB at a first start (one process, docs/SECURITY.md): the pod's and the
+    unit's memory limits hold it with room for the steady ~100 MiB beside the SDK's queues."""
     ds = open(DAEMONSET).read()
-    workers = int(re.search(r'name: MCP_HOSTAGENT_COMPILE_SPLIT\s+value: "(\d+)"', ds).group(1))
-    cpu, mem = re.search(r'limits: \{cpu: "?(\d+)"?, memory: (\d+)Mi\}', ds).groups()
-    assert 1 <= workers <= max(loader.WORKER_GROUPS) and workers in loader.WORKER_GROUPS
-    assert int(cpu) >= workers + 1
-    assert (int(mem) << 20) >= loader.START_MEMORY + workers * loader.WORKER_MEMORY + (15 << 20)
-    unit = open(UNIT).read()  # the unit's limits are read by the agent: MemoryHigh admits six
-    high = int(re.search(r"^MemoryHigh=(\d+)M$", unit, re.M).group(1)) << 20
-    assert high >= loader.START_MEMORY + max(loader.WORKER_GROUPS) * loader.WORKER_MEMORY + (15 << 20)
+    mem = int(re.search(r'limits: \{cpu: "?(\d+)"?, memory: (\d+)Mi\}', ds).group(2))
+    assert mem >= 256
+    unit = open(UNIT).read()
+    high = int(re.search(r"^MemoryHigh=(\d+)M$", unit, re.M).group(1))
+    assert high >= 256 and "COMPILE_SPLIT" not in ds
 
 
 @pytest.mark.bpf
