@@ -9,7 +9,7 @@
  * MCP_PROBE_<NAME>=1 for each probe whose hook this kernel has (bcc needs a tracepoint's format to
  * compile its probe).
  */
-#include "mcp_records.h"
+#include "mcp_records.h"  /* the maps below hold other families' records (the request windows, http_proc) */
 
 /* bpf_probe_read_user/_kernel, called through their helper ids under names of our own. bcc 0.26's
  * rewriter checks every call site of those two names against /proc/kallsyms (to fall back to

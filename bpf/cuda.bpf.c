@@ -16,6 +16,7 @@
  * hit then counts the symbol's weight (cu_config) in its process's counters (rate estimates, metrics)
  * and marks the counters `sampled` with it; a request or step counts the hit once (cu_add).
  */
+#include "cuda.h"
 #include <uapi/linux/ptrace.h>  /* struct pt_regs, PT_REGS_RC */
 
 #define MCP_CU_HIST_SLOTS 48 /* log2(ns) buckets: up to ~39 h */

@@ -18,6 +18,7 @@
  * __do_not_use__`). They are zeroed here, so no kernel address reaches user space; the header's
  * tgid/tid say which task ran the tracepoint.
  */
+#include "gpuhealth.h"
 
 static __always_inline int tp_raw_capture(void *ctx, u32 kind)
 {

@@ -30,6 +30,7 @@
  * thread's cgroup, or its process tree) at that moment; user space subtracts.
  * Not seen: TLS (ciphertext here), HTTP/2 (binary frames), io_uring, sendfile/splice and readv/recvmsg.
  */
+#include "http.h"
 
 #define MCP_HTTP_MAX_CONNS 16384
 #define MCP_HTTP_MAX_PEND 2048        /* heads arriving in several reads, at once (LRU) */

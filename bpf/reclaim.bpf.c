@@ -9,6 +9,7 @@
  * rest is summed in maps. Reclaim is rare next to faults, so every task is counted per tgid
  * (reclaim_by_tgid, LRU), not only watched ones: the stalled process is often not a GPU process.
  */
+#include "reclaim.h"
 
 #ifndef MCP_STALL_THRESHOLD_NS
 #define MCP_STALL_THRESHOLD_NS 1000000

@@ -7,6 +7,7 @@
  * High-rate hooks (faults, switches) only add to map entries; the ring buffer carries request
  * begin/end and process exit, which are rare by comparison. Maps and helpers: common.bpf.c.
  */
+#include "requests.h"
 
 struct mcp_slice {
 	u64 ns, homed, remote;

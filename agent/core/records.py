@@ -1,8 +1,9 @@
-"""Python mirror of bpf/mcp_records.h: constants read from the header itself, structs as ctypes.
+"""Python mirror of the BPF headers (bpf/*.h): constants read from the headers themselves, the
+shared structs as ctypes (each capability mirrors its own records beside its decoder).
 
-The header is the one place a record's layout is defined. Constants (#define and enum values) are
-parsed from it at import, so they cannot disagree; struct layouts are mirrored here and checked
-against the C compiler's own sizeof/offsetof by tests/core/test_layout.py.
+A header is the one place a record's layout is defined. Constants (#define and enum values) of every
+header are parsed at import, so they cannot disagree; struct layouts are mirrored and checked against
+the C compiler's own sizeof/offsetof by tests/core/test_layout.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import re
 from importlib import resources
 from types import MappingProxyType
 
-HEADER = "mcp_records.h"
 
 
 def bpf_source_dir() -> str:
@@ -20,8 +20,9 @@ def bpf_source_dir() -> str:
     return str(resources.files("mcp_hostagent.bpf"))
 
 
-def _read_header() -> str:
-    return resources.files("mcp_hostagent.bpf").joinpath(HEADER).read_text()
+def _read_headers() -> str:
+    d = resources.files("mcp_hostagent.bpf")
+    return "\n".join(f.read_text() for f in sorted(d.iterdir(), key=lambda f: f.name) if f.name.endswith(".h"))
 
 
 def parse_constants(text: str) -> dict[str, int]:
@@ -41,7 +42,7 @@ def parse_constants(text: str) -> dict[str, int]:
     return out
 
 
-C = MappingProxyType(parse_constants(_read_header()))
+C = MappingProxyType(parse_constants(_read_headers()))
 
 u8, u16, u32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
 

@@ -1,4 +1,4 @@
-"""Every struct in bpf/mcp_records.h against its ctypes mirror in agent/core/records.py: the host C
+"""Every struct in the BPF headers (bpf/*.h) against its ctypes mirror: the host C
 compiler reports sizeof/offsetof, so a field added on one side only fails here."""
 
 from __future__ import annotations
@@ -53,7 +53,19 @@ def test_constants_come_from_the_header():
     assert R.C["MCP_MARK_CMD"] == 0x4048EB01
     # _IOW(0xeb, 0x01, struct mcp_mark): direction write (1) << 30 | size << 16 | type << 8 | nr
     assert R.C["MCP_MARK_CMD"] == (1 << 30) | (ctypes.sizeof(R.Mark) << 16) | (0xEB << 8) | 0x01
-    assert R.C["MCP_EV_REQ_END"] == 2 and R.C["MCP_STAT_MAX"] == len(R.KERNEL_STATS)
+    assert R.C["MCP_EV_REQ_END"] == 2
+
+
+def test_stat_families_keep_to_their_ranges():
+    # Each header numbers its counters from its family's base (multiples of 32), so a counter added
+    # in one capability's header cannot shift another's index in the shared stats array.
+    names = {n: v for n, v in R.C.items() if n.startswith("MCP_STAT_") and n != "MCP_STAT_MAX"}
+    assert len(set(names.values())) == len(names) == len(R.KERNEL_STATS)
+    assert max(names.values()) < R.C["MCP_STAT_MAX"]
+    bases = {v // 32 for v in names.values()}
+    for base in bases:
+        family = sorted(v for v in names.values() if v // 32 == base)
+        assert family == list(range(base * 32, base * 32 + len(family))), f"family at {base * 32} has a gap"
 
 
 def test_parse_constants_enum_and_defines():
