@@ -28,13 +28,14 @@ def _fail(msg: str, code: int = 1):
 
 def _checked(config_path, overrides, env=None) -> config_mod.Config:
     """The validated config, or ConfigError (one line). Also what SIGHUP re-reads."""
-    from .core.probes import probe_names
+    from .registry import UNIT
 
     cfg = config_mod.load_config(config_path, env=env, overrides={k: v for k, v in overrides.items()})
-    unknown = [n for n in cfg.probes_disable if n not in probe_names()]
+    names = UNIT.probe_names()
+    unknown = [n for n in cfg.probes_disable if n not in names]
     if unknown:
         raise config_mod.ConfigError(f"probes.disable names unknown probe {unknown[0]!r} "
-                                     f"(known: {', '.join(probe_names())})")
+                                     f"(known: {', '.join(names)})")
     return cfg
 
 
@@ -162,23 +163,24 @@ def run(config_path, otlp_endpoint, otlp_protocol, jsonl_path, console, promethe
     echo = lambda s: click.echo(s, err=True)
     echo(f"mcp-agent {__version__} on {os.uname().nodename}, kernel {os.uname().release}")
     from .core import imports_behind, loader
+    from .registry import UNIT
 
     # Until READY, the compile thread (cache reads, one bpf(2) load per program) and this one (importing
     # the pipeline) both run Python: a thread back from a C call waits up to the switch interval (5 ms
     # by default) for the GIL each time. Shorter while starting; the default once started.
     switch = sys.getswitchinterval()
     sys.setswitchinterval(START_SWITCH_INTERVAL_S)
-    loader.compile_ahead_for(cfg, progress)  # LLVM in a thread while the pipeline below is imported
+    loader.compile_ahead_for(UNIT, cfg, progress)  # LLVM in a thread while the pipeline below is imported
     try:  # from here until the load, fds 1 and 2 may be the compile's: restored before any traceback
         from . import exporters
         from .core.agent import StartError
         from .sdnotify import Notifier
 
-        # after the pipeline's own import, which the attach needs: begun before it, they shared the GIL
-        # with it and doubled its time on a start whose compile is short (the H100 host: 0.46 s, alone 0.25)
+        # after the pipeline's own import, which the attach needs: begun before it, they share the GIL
+        # with it and slow it where the compile is short (a cached start)
         # pynvml: NVML's warm-up then only inits; pyroute2 waits for the attach (Agent.start)
         imports_behind.start(f"{__package__}.telemetry.otel", *exporters.modules_for(cfg),
-                             *(["pynvml"] if cfg.gpu_enabled else []))
+                             *(m for d in UNIT.declarations for m in d.imports(cfg)))
     except BaseException:  # Ctrl-C, a broken install: fds 1 and 2 restored before the traceback
         loader.drop_ahead()
         raise
@@ -259,8 +261,9 @@ def _start_agent(cfg, progress, echo, reloads):
     """Start an Agent for cfg, print what it attached, serve the control socket. StartError on failure."""
     from .control import serve
     from .exporters.files import UnsafeFileError, check_jsonl_path
-    from .core.agent import Agent, StartError
+    from .core.agent import StartError
     from .core.probes import UPROBE_STATES
+    from .registry import make_agent
 
     if cfg.export_jsonl_path:
         try:  # refused here, one line, before any probe loads; later (rotation) it is counted instead
@@ -268,7 +271,7 @@ def _start_agent(cfg, progress, echo, reloads):
         except OSError as e:
             what = str(e) if isinstance(e, UnsafeFileError) else (e.strerror or str(e))
             raise StartError(f"export.jsonl_path {cfg.export_jsonl_path}: {what}") from None
-    agent = Agent(cfg, progress=progress)
+    agent = make_agent(cfg, progress=progress)
     try:
         rep = agent.start()
     finally:
@@ -302,7 +305,7 @@ def _reload_metrics(agent, reloads) -> None:
         return
     from dataclasses import replace
 
-    from .telemetry.catalog import RELOAD_INSTRUMENTS
+    from .catalog import RELOAD_INSTRUMENTS
 
     ok, failed = RELOAD_INSTRUMENTS
     agent.telemetry.declare([replace(ok, read=lambda: [(reloads["ok"], {})]),
@@ -359,41 +362,38 @@ def probes(config_path, dump):
     """
     cfg = _load(config_path, {})
     from .core import loader, probes as probes_mod
+    from .core.agent import StartError, prepare_kernel
     from .core.kernel import TRACEFS
-    from .core.agent import StartError, bpf_settings, prepare_kernel
+    from .core.unit import NAME
+    from .registry import UNIT
 
     if dump:
         # tracefs is root-only and may not be mounted yet: a tracepoint we cannot see from here is
         # assumed present, so the flags are the agent's, not a probe-less unit's.
         tracefs_visible = os.access(os.path.join(TRACEFS, "events"), os.X_OK)
-        plan = probes_mod.plan(cfg.probes_disable, off=probes_mod.switched_off(cfg),
-                               **({} if tracefs_visible else {"exists": lambda cat, ev: True}))
-        click.echo(f"// {loader.UNIT_NAME}: {', '.join(loader.UNIT)} from {loader.bpf_source_dir()}")
-        click.echo(f"// cflags: {' '.join(loader.cflags_for(plan, bpf_settings(cfg)))}")
-        click.echo(loader.unit_source())
+        plan = UNIT.plan(cfg, **({} if tracefs_visible else {"exists": lambda cat, ev: True}))
+        click.echo(f"// {NAME}: {', '.join(p for _, p in UNIT.sources())}")
+        click.echo(f"// cflags: {' '.join(UNIT.cflags(plan, UNIT.settings(cfg)))}")
+        click.echo(UNIT.text())
         return
     try:
         hc, mounted = prepare_kernel(cfg)
     except StartError as e:
         _fail(str(e))
-    plan = probes_mod.plan(cfg.probes_disable, off=probes_mod.switched_off(cfg))
+    plan = UNIT.plan(cfg)
     progress = _Progress(True)
-    loaded = loader.load(plan, bpf_settings(cfg), progress)
+    loaded = loader.load(UNIT, plan, UNIT.settings(cfg), progress)
     progress.clear()
-    cuda_report = None
-    if loaded:
-        from .cuda import capability as cuda
-
-        # which libcuda files are mapped now and which symbols they export: found, not attached
-        cuda_report = cuda.probe_report(loaded[0].bpf, plan)
+    reports = []
+    if loaded:  # what each capability finds on the host now (libcuda files and their symbols: found, not attached)
+        reports = [r for r in (d.make().report(loaded[0].bpf, plan) for d in UNIT.declarations) if r]
     for x in loaded:
         x.bpf.cleanup()
     click.echo(f"kernel {os.uname().release}; headers: {hc.description}")
     click.echo(f"compile: {sum(x.compile_s for x in loaded):.2f}s" + "".join(f"; {x.processes}" for x in loaded))
     click.echo(probes_mod.render_table(plan))
-    if cuda_report:
-        click.echo("\nlibcuda uprobes (`run` arms them per library inode as processes map it; "
-                   "found here, not attached):\n" + cuda_report)
+    for r in reports:
+        click.echo("\n" + r)
 
 
 @main.command()

@@ -44,7 +44,7 @@ def main() -> int:
     ap.add_argument("--profile")
     a = ap.parse_args()
     from mcp_hostagent import control
-    from mcp_hostagent.cuda import capability as cuda_mod
+    from mcp_hostagent.cuda import probeset as cuda_mod
 
     ag = c.ToggledAgent(a.watch)
     profs: dict[str, cProfile.Profile] = {}
@@ -59,7 +59,7 @@ def main() -> int:
         sock = os.path.join(tempfile.mkdtemp(prefix="mcp-bench-ctl-"), "ctl.sock")
         srv = control.serve(ag.agent.snapshots, lambda s: None, sock)
         ag.attach()  # as `run` leaves it
-        cuda = ag.agent.cuda
+        cuda = ag.agent.caps["cuda"].probes
         governor = cuda.governor if cuda is not None else False
         print(json.dumps({"ready": True, "pid": os.getpid(), "probes": ag.probe_names(),
                           "other_probes": ag.other_probes, "cuda": cuda is not None}), flush=True)

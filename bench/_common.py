@@ -96,7 +96,7 @@ class ToggledAgent:
 
     def __init__(self, watch: str | None = "all", overrides: dict | None = None):
         from mcp_hostagent.config import load_config
-        from mcp_hostagent.core.agent import Agent
+        from mcp_hostagent.registry import make_agent as Agent
 
         self._dir = tempfile.mkdtemp(prefix="mcp-bench-")
         ov = {"export.jsonl_path": os.path.join(self._dir, "telemetry.jsonl"), "status.enabled": False,
@@ -148,8 +148,8 @@ class ToggledAgent:
                 t.start()
             for t in threads:
                 t.join()
-            if self.agent.cuda is not None:  # its ioctl and exit programs are tracepoints too
-                self.agent.cuda.set_tracepoints(False)
+            if self.agent.caps["cuda"].probes is not None:  # its ioctl and exit programs are tracepoints too
+                self.agent.caps["cuda"].probes.set_tracepoints(False)
             # with sched_switch off, each CPU's slot (requests.bpf.c slice_take) goes stale: a request's
             # edge would count the detached time as CPU time
             slots = self.agent.bpf[b"cpu_run"]
@@ -160,8 +160,8 @@ class ToggledAgent:
         if not self.is_attached:
             for bpf, tp, fn in self._probes:
                 bpf.attach_tracepoint(tp=tp.encode(), fn_name=fn.encode())
-            if self.agent.cuda is not None:
-                self.agent.cuda.set_tracepoints(True)
+            if self.agent.caps["cuda"].probes is not None:
+                self.agent.caps["cuda"].probes.set_tracepoints(True)
             self.is_attached = True
 
     @contextlib.contextmanager

@@ -62,7 +62,7 @@ spans.append(("import cli (click, config)", t0, time.monotonic_ns()))
 t0 = time.monotonic_ns()
 from mcp_hostagent import control, exporters, sdnotify  # noqa: E402
 from mcp_hostagent.core import agent  # noqa: E402
-from mcp_hostagent.cuda.capability import CudaProbes  # noqa: E402
+from mcp_hostagent.cuda.probeset import CudaProbes  # noqa: E402
 from mcp_hostagent.gpuhealth.capability import GpuHealth  # noqa: E402
 from mcp_hostagent.telemetry.otel import Telemetry  # noqa: E402
 

@@ -83,14 +83,15 @@ def load_cuda_unit():
     """The agent's unit with only the CUDA probes, as the agent compiles it."""
     from mcp_hostagent.core import kernel
     from mcp_hostagent.core import loader
+    from mcp_hostagent.registry import UNIT
     from mcp_hostagent.core import probes
 
     kernel.ensure_tracefs()
     hc = kernel.find_kernel_headers()
     if hc.bcc_kernel_source:
         os.environ["BCC_KERNEL_SOURCE"] = hc.bcc_kernel_source
-    plan = probes.plan([p.name for p in probes.PROBES if p.program != "cuda.bpf.c"])
-    loaded = loader.load(plan, {})
+    plan = UNIT.plan(disabled=[p.name for p in UNIT.probes if p.program != "cuda.bpf.c"])
+    loaded = loader.load(UNIT, plan, {})
     if not loaded:
         sys.exit(f"error: the CUDA unit did not load: {[s.reason for s in plan.missing()][:1]}")
     return loaded[0].bpf, plan
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
     c.ensure_project_python()
     from bcc import BPF
 
-    from mcp_hostagent.cuda import capability as cuda
+    from mcp_hostagent.cuda import probeset as cuda
     from mcp_hostagent.cuda import uprobes
     from mcp_hostagent.cuda.calibrate import calibrate_standin
 

@@ -338,7 +338,7 @@ class Storms:
         self.last_drop = time.monotonic()
         if ag is not None:  # the agent must see kswapd go back to sleep before its probes are detached
             deadline = time.monotonic() + 5
-            while ag.agent.reclaim.kswapd.awake_since and time.monotonic() < deadline:
+            while ag.agent.caps["reclaim"].kswapd.awake_since and time.monotonic() < deadline:
                 time.sleep(0.05)
         row = self._row(nbytes, secs, cpu, ph, vm0, vm1, k1 - k0)
         row.update(min_free_kb=raised, mem_free_kb=free_kb, kswapd_was_quiet=quiet, revived=revived,
@@ -428,11 +428,11 @@ def main(argv=None) -> int:
                     prog[kind] = (c.runs_delta(before, ag.prog_runs()), row["wall_s"])
             # open episodes close after 3 quiet windows: give them the time (probes detached, windows quiet)
             deadline = time.monotonic() + 5
-            while ag.agent.reclaim.open_storms() and time.monotonic() < deadline:
+            while ag.agent.caps["reclaim"].open_storms() and time.monotonic() < deadline:
                 time.sleep(0.2)
             c.wait_idle(2.0)
             session = ag.stats()
-            still_open = len(ag.agent.reclaim.open_storms())
+            still_open = len(ag.agent.caps["reclaim"].open_storms())
     finally:
         for w in (ww, wr):
             if w is not None:

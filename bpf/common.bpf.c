@@ -9,7 +9,8 @@
  * MCP_PROBE_<NAME>=1 for each probe whose hook this kernel has (bcc needs a tracepoint's format to
  * compile its probe).
  */
-#include "mcp_records.h"  /* the maps below hold other families' records (the request windows, http_proc) */
+#include "common.h"
+#include "requests.h"  /* the request windows every family adds its counters to */
 
 /* bpf_probe_read_user/_kernel, called through their helper ids under names of our own. bcc 0.26's
  * rewriter checks every call site of those two names against /proc/kallsyms (to fall back to
@@ -119,9 +120,6 @@ BPF_HASH(watch_tgid, u32, u8, MCP_MAX_PROCS);
 BPF_TABLE("lru_hash", u32, struct mcp_offcpu, offcpu_start, MCP_MAX_THREADS);
 /* the thread on each CPU and its switch-in (or last slice split) time: requests.bpf.c slice_take */
 BPF_PERCPU_ARRAY(cpu_run, struct mcp_cpu_run, 1);
-/* tgid -> the NUMA node of its GPUs, written by the agent (agent/numa) for processes whose GPUs
- * share one node; absent: no home, its on-CPU time counts in oncpu_ns only */
-BPF_HASH(numa_home, u32, u32, MCP_MAX_PROCS);
 BPF_PERCPU_ARRAY(stats, u64, MCP_STAT_MAX);
 /* cgroup v2's root has id 1; MCP_ROOT_CGROUP_OWNER | uid keys a root-cgroup task's cgroup budget */
 #define MCP_ROOT_CGROUP_ID 1
@@ -368,22 +366,6 @@ static __always_inline void watch_heir_gone(u32 tgid)
 		__sync_fetch_and_add(n, -1);
 }
 
-/* Zero-code HTTP's per-process state and owner shares (http.bpf.c): here, so that a process's exit
- * (requests.bpf.c, the one sched_process_exit program) gives its share back. */
-BPF_HASH(http_proc, u32, struct mcp_http_proc, MCP_MAX_PROCS);
-BPF_TABLE("lru_hash", struct mcp_owner_key, struct mcp_http_budget, http_owners, MCP_MAX_OWNERS);
-
-static __always_inline struct mcp_http_budget *http_owner(u32 kind, u64 id, int create)
-{
-	struct mcp_owner_key k = {.kind = kind, .id = id};
-	struct mcp_http_budget *b = http_owners.lookup(&k);
-	if (b || !create)
-		return b;
-	struct mcp_http_budget zero = {};
-	http_owners.insert(&k, &zero);
-	return http_owners.lookup(&k);
-}
-
 /* count -= n, not below 0. The counts are compared signed (see mark_begin): two CPUs racing past
  * the check can take one below 0, which reads as below its cap, never as a full one. */
 static __always_inline void sat_sub(u32 *count, u32 n)
@@ -392,24 +374,52 @@ static __always_inline void sat_sub(u32 *count, u32 n)
 		__sync_fetch_and_add(count, -(s32)(n < *count ? n : *count));
 }
 
-/* A process's exit closes its fds without close(2): its share of http_conn goes back to its owners
- * at once (its entries, of another generation now, are removed by agent/http, their requests ended). */
-static __always_inline void http_proc_gone(u32 tgid)
+/* A tracepoint's record, copied raw ("tracepoint_raw" probes): for events that come and go with a
+ * module (nvidia) or a kernel config (CONFIG_PCIEAER, the PCIe port driver) and whose layouts change
+ * between driver and kernel versions (aer_event's tlp_header grew from 4 to 14 words for flit mode).
+ * bcc generates a TRACEPOINT_PROBE's argument struct from the format file at compile time, so these
+ * probes are plain functions instead (tp_raw__<group>__<event>, in their capability's file): the
+ * kernel side copies the record's first MCP_TP_RAW_LEN bytes and agent/core/rawtp.py decodes them
+ * with the format it reads from tracefs at run time.
+ *
+ * ctx of a BPF_PROG_TYPE_TRACEPOINT program is the record itself, built in the per-CPU perf trace
+ * buffer (perf_trace_buf_alloc(): PERF_MAX_TRACE_SIZE = 8192 bytes, the record at its start), so a
+ * fixed-size read past the end of a shorter record stays inside that buffer; its __data_loc fields
+ * tell user space where the record's own bytes end. The record's first 8 bytes (the common fields:
+ * type, flags, preempt count, pid) are not there: perf_trace_run_bpf_submit() (kernel/events/core.c)
+ * stores the pt_regs pointer over them before running the program (hence bcc's `u64
+ * __do_not_use__`). They are zeroed here, so no kernel address reaches user space; the header's
+ * tgid/tid say which task ran the tracepoint. */
+static __always_inline int tp_raw_capture(void *ctx, u32 kind)
 {
-	struct mcp_http_proc *p = http_proc.lookup(&tgid);
-	if (!p)
-		return;
-	if (!p->exempt && p->conns) {
-		struct mcp_http_budget *b = http_owner(MCP_OWNER_UID, p->uid, 0);
-		if (b)
-			sat_sub(&b->conns, p->conns);
-		b = http_owner(MCP_OWNER_CGROUP, p->cgroup_id, 0);
-		if (b)
-			sat_sub(&b->conns, p->conns);
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct mcp_ev_tp_raw *e = events.ringbuf_reserve(sizeof(*e));
+	if (!e) {
+		stat_inc(MCP_STAT_RB_LOST);
+		return 0;
 	}
-	http_proc.delete(&tgid);
+	fill_hdr(&e->h, MCP_EV_TP_RAW, sizeof(*e), pid_tgid, bpf_ktime_get_ns());
+	e->kind = kind;
+	e->len = MCP_TP_RAW_LEN;
+	if (mcp_read_kernel(e->data, MCP_TP_RAW_LEN, ctx) != 0) {
+		/* not expected (the buffer holds 8192 bytes); should it fault, a smaller read still
+		 * carries the fixed fields, and user space clamps the strings that run past it */
+		stat_inc(MCP_STAT_TP_READ_SHORT);
+		e->len = MCP_TP_RAW_MIN;
+		if (mcp_read_kernel(e->data, MCP_TP_RAW_MIN, ctx) != 0) {
+			stat_inc(MCP_STAT_TP_READ_FAIL);
+			events.ringbuf_discard(e, 0);
+			return 0;
+		}
+	}
+	*(u64 *)e->data = 0;
+	events.ringbuf_submit(e, 0);
+	return 0;
 }
 
-/* tgid -> when it last exec'd (ns): agent/cuda rereads the maps of those soon (a container's libcuda
- * is another inode, attached only once a process maps it) */
-BPF_TABLE("lru_hash", u32, u64, cu_exec, 1024);
+#if MCP_TEST_TP_RAW_EXEC
+/* tests only (tests/gpuhealth/test_bpf_health.py): the same capture on sched:sched_process_exec, which every kernel
+ * has and which carries a __data_loc string (filename), to prove capture and run-time decoding on
+ * hosts without the health tracepoints. */
+int tp_raw__sched__sched_process_exec(void *ctx) { return tp_raw_capture(ctx, MCP_TP_TEST_EXEC); }
+#endif /* MCP_TEST_TP_RAW_EXEC */

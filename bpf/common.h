@@ -59,7 +59,7 @@ struct mcp_counters {
 };
 
 /* ---- ring buffer records: every record starts with the common header; each family numbers its
- * own record types (requests 1-3, reclaim 4-5, health 6, cuda 10, http 20-21) ---- */
+ * own record types (requests 1-3, reclaim 4-5, raw tracepoint copies 6, cuda 10, http 20-21) ---- */
 struct mcp_hdr {
 	__u16 type;      /* enum mcp_event_type */
 	__u16 size;      /* sizeof the whole record */
@@ -84,15 +84,38 @@ struct mcp_owner_key {
 	__u64 id;              /* uid, or cgroup v2 id (the cgroup directory's inode) */
 };
 
-/* ---- per-CPU health counters (map stats), exported as agent metrics ---- */
-enum mcp_stat_common {   /* map stats: every family's counters, each in a range of its own */
+/* ---- a tracepoint's record, copied raw (common.bpf.c tp_raw_capture): each capability that has
+ * such probes numbers its kinds in its header (gpuhealth 1, pcie 2-3, reclaim 4) ---- */
+enum mcp_raw_event_type {
+	MCP_EV_TP_RAW = 6,
+};
+#define MCP_TP_RAW_LEN 512
+#define MCP_TP_RAW_MIN 64         /* the fallback read when MCP_TP_RAW_LEN bytes cannot be read */
+enum mcp_tp_kind_common {
+	MCP_TP_TEST_EXEC = 15,        /* sched:sched_process_exec, compiled only for tests (MCP_TEST_TP_RAW_EXEC) */
+};
+
+struct mcp_ev_tp_raw {
+	struct mcp_hdr h;         /* the task that ran the tracepoint (for an Xid, often the driver's irq thread) */
+	__u32 kind;               /* a capability's enum mcp_tp_kind_* */
+	__u32 len;                /* bytes of data read: MCP_TP_RAW_LEN, or MCP_TP_RAW_MIN after a failed read */
+	__u8 data[MCP_TP_RAW_LEN];/* the tracepoint record, its 8-byte common header zeroed (the kernel
+	                           * keeps a pt_regs pointer there for BPF); stale bytes past its end */
+};
+
+/* ---- per-CPU health counters (map stats), exported as agent metrics. Each family numbers its own
+ * from a base of its own, a multiple of 32 (common 0, requests 32, reclaim 64, cuda 96, http 160),
+ * so that one family's new counter cannot move another's ---- */
+enum mcp_stat_common {
 	MCP_STAT_RB_LOST = 0,             /* ring buffer full: record not sent */
 	MCP_STAT_PROC_MAP_FULL,           /* per-process counters map full */
 	MCP_STAT_BUDGET_MAP_FULL,         /* begin refused: no budget entry could be made */
 	MCP_STAT_SWITCH_IN_UNSEEN,        /* a traced thread's slice whose switch-in sched_switch did not see: counted from the CPU's last switch */
 	MCP_STAT_WATCH_UID_FULL,          /* process not watched by the kernel (a watched one's child, an exec'd process.comms name): its uid holds MCP_WATCH_KERNEL_PER_UID */
 	MCP_STAT_WATCH_MAP_FULL,          /* process not watched by the kernel: watch_tgid or watch_heirs full */
-	MCP_STAT_MAX = 192,            /* the stats array's size: past the last range */
+	MCP_STAT_TP_READ_SHORT,           /* raw tracepoint copy: the MCP_TP_RAW_LEN read failed, MCP_TP_RAW_MIN kept */
+	MCP_STAT_TP_READ_FAIL,            /* raw tracepoint copy: no byte of the record readable, nothing sent */
+	MCP_STAT_MAX = 256,               /* the stats array's size: past the last range */
 };
 
 #endif

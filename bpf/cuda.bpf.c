@@ -17,6 +17,16 @@
  * and marks the counters `sampled` with it; a request or step counts the hit once (cu_add).
  */
 #include "cuda.h"
+
+/* tgid -> when it last exec'd (ns), written by the process_exec hook (core/loader.py HOOKS):
+ * agent/cuda rereads the maps of those soon (a container's libcuda is another inode, attached only
+ * once a process maps it) */
+BPF_TABLE("lru_hash", u32, u64, cu_exec, 1024);
+
+static __always_inline void cuda_exec(u32 tgid, u64 now)
+{
+	cu_exec.update(&tgid, &now);
+}
 #include <uapi/linux/ptrace.h>  /* struct pt_regs, PT_REGS_RC */
 
 #define MCP_CU_HIST_SLOTS 48 /* log2(ns) buckets: up to ~39 h */

@@ -32,6 +32,41 @@
  */
 #include "http.h"
 
+/* Per-process state and owner shares; a process's exit (the process_exit hook, core/loader.py HOOKS)
+ * gives its share back. */
+BPF_HASH(http_proc, u32, struct mcp_http_proc, MCP_MAX_PROCS);
+BPF_TABLE("lru_hash", struct mcp_owner_key, struct mcp_http_budget, http_owners, MCP_MAX_OWNERS);
+
+static __always_inline struct mcp_http_budget *http_owner(u32 kind, u64 id, int create)
+{
+	struct mcp_owner_key k = {.kind = kind, .id = id};
+	struct mcp_http_budget *b = http_owners.lookup(&k);
+	if (b || !create)
+		return b;
+	struct mcp_http_budget zero = {};
+	http_owners.insert(&k, &zero);
+	return http_owners.lookup(&k);
+}
+
+/* The process_exit hook: an exit closes its fds without close(2), so its share of http_conn goes back
+ * to its owners at once (its entries, of another generation now, are removed by agent/http, their
+ * requests ended). */
+static __always_inline void http_proc_gone(u32 tgid)
+{
+	struct mcp_http_proc *p = http_proc.lookup(&tgid);
+	if (!p)
+		return;
+	if (!p->exempt && p->conns) {
+		struct mcp_http_budget *b = http_owner(MCP_OWNER_UID, p->uid, 0);
+		if (b)
+			sat_sub(&b->conns, p->conns);
+		b = http_owner(MCP_OWNER_CGROUP, p->cgroup_id, 0);
+		if (b)
+			sat_sub(&b->conns, p->conns);
+	}
+	http_proc.delete(&tgid);
+}
+
 #define MCP_HTTP_MAX_CONNS 16384
 #define MCP_HTTP_MAX_PEND 2048        /* heads arriving in several reads, at once (LRU) */
 #define MCP_HTTP_MAX_IOV 8            /* iovecs looked at in writev/sendmsg */

@@ -7,5 +7,6 @@
 #include "reclaim.h"
 #include "cuda.h"
 #include "gpuhealth.h"
+#include "pcie.h"
 #include "http.h"
 #endif

@@ -238,3 +238,9 @@ TRACEPOINT_PROBE(vmscan, mm_vmscan_lru_shrink_inactive)
 	return 0;
 }
 #endif
+
+#if MCP_PROBE_OOM_KILL
+/* oom:mark_victim fires once per OOM kill, global or memcg (mm/oom_kill.c mark_oom_victim()); its
+ * fields grew in 6.8 (total_vm, rss, uid, ...): copied raw and decoded at run time (agent/reclaim/oom.py) */
+int tp_raw__oom__mark_victim(void *ctx) { return tp_raw_capture(ctx, MCP_TP_OOM_MARK_VICTIM); }
+#endif /* MCP_PROBE_OOM_KILL */

@@ -9,6 +9,10 @@ enum mcp_reclaim_event_type {
 	MCP_EV_KSWAPD = 5,        /* kswapd woke or went to sleep on a node */
 };
 
+enum mcp_tp_kind_reclaim {
+	MCP_TP_OOM_MARK_VICTIM = 4,   /* oom:mark_victim, copied raw (struct mcp_ev_tp_raw): OOM kills */
+};
+
 enum mcp_reclaim_kind {
 	MCP_RECLAIM_DIRECT = 0,
 	MCP_RECLAIM_MEMCG = 1,

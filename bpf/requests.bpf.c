@@ -9,10 +9,6 @@
  */
 #include "requests.h"
 
-struct mcp_slice {
-	u64 ns, homed, remote;
-};
-
 /* Off-CPU time: d ns, runnable (waiting for a CPU) or not, w ns of it after a wake-up (woke: 1) */
 static __always_inline void offcpu_add(struct mcp_counters *c, u64 d, u32 runnable, u64 w, u64 woke)
 {
@@ -87,12 +83,7 @@ static __always_inline int slice_take(u32 tid, u32 tgid, u64 now, struct mcp_sli
 		 * has room for it; a request's edge may find the miss first. */
 		r->unseen_from = from;
 	}
-	u32 *home = numa_home.lookup(&tgid);
-	if (home) {
-		sl->homed = sl->ns;
-		if (bpf_get_numa_node_id() != *home)
-			sl->remote = sl->ns;
-	}
+	MCP_HOOK_SLICE(tgid, sl);  /* numa: the part of it on the process's home node and off it */
 	return 1 + (r->unseen_from != 0);
 }
 
@@ -591,14 +582,15 @@ TRACEPOINT_PROBE(task, task_newtask)
 
 #if MCP_PROBE_PROCESS_EXEC
 /* A new program image. Its name in process.comms: watched from its first syscall, not from the watch
- * scan's next round (comm is the new image's by now: fs/exec.c begin_new_exec()). And agent/cuda
- * rereads its maps soon (cu_exec). One program for both: bcc keeps one program per tracepoint. */
+ * scan's next round (comm is the new image's by now: fs/exec.c begin_new_exec()). And the capabilities'
+ * process_exec hooks run (cuda: its maps reread soon). One program for all: bcc keeps one program per
+ * tracepoint. */
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	u32 tgid = pid_tgid >> 32;
 	u64 now = bpf_ktime_get_ns();
-	cu_exec.update(&tgid, &now);
+	MCP_HOOK_PROCESS_EXEC(tgid, now);
 	if (MCP_WATCH_ALL || watched_bit(tgid))
 		return 0;
 	struct mcp_comm c = {};
@@ -658,9 +650,8 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	watch_tgid.delete(&tgid);
 	unwatch_bit(tgid);
 	watch_heir_gone(tgid);
-	http_proc_gone(tgid);
 	tree_root.delete(&tgid);
-	numa_home.delete(&tgid);
+	MCP_HOOK_PROCESS_EXIT(tgid);  /* the capabilities' per-process state (http's shares, numa's home) */
 	if (ts) {
 		/* Threads exit in no fixed order (the leader often first, at exit() or a signal): the
 		 * requests still open in the others are given back with the process, here, since their

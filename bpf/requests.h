@@ -133,4 +133,10 @@ enum mcp_stat_requests {
 	MCP_STAT_BEGIN_PRESSURE,          /* begin refused: the reader is behind and its owner is past its share */
 };
 
+/* A thread's on-CPU slice (requests.bpf.c slice_take), the part of it while its process had a home
+ * node and the part of that on another node (the slice hook, numa.bpf.c) */
+struct mcp_slice {
+	__u64 ns, homed, remote;
+};
+
 #endif

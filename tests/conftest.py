@@ -88,13 +88,14 @@ def identity_on_resource_only(span) -> dict:
 class RunningAgent:
     """An Agent running its loop on a thread, exporting spans to memory."""
 
-    def __init__(self, overrides: dict, **agent_kwargs):
+    def __init__(self, overrides: dict, capabilities=None, **agent_kwargs):
+        """capabilities: the Declarations to run instead of the registry's (a test's own beside them)."""
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
         from mcp_hostagent.config import load_config
         from mcp_hostagent.exporters import Exporters
         from mcp_hostagent.exporters.counting import CountingSpanExporter, ExportStats
-        from mcp_hostagent.core.agent import Agent
+        from mcp_hostagent.registry import make_agent as Agent
 
         base = {"export.jsonl_path": "", "status.enabled": False, "process.watch": "marked",
                 "status.interval_s": 0.2}
@@ -102,8 +103,13 @@ class RunningAgent:
         self.cfg = load_config(None, env={}, overrides=base)
         self.memory = InMemorySpanExporter()
         stats = ExportStats()
-        self.agent = Agent(self.cfg, exporters=Exporters(CountingSpanExporter(self.memory, stats), [], stats),
-                           **agent_kwargs)
+        exporters = Exporters(CountingSpanExporter(self.memory, stats), [], stats)
+        if capabilities is None:
+            self.agent = Agent(self.cfg, exporters=exporters, **agent_kwargs)
+        else:
+            from mcp_hostagent.core.agent import Agent as CoreAgent
+
+            self.agent = CoreAgent(self.cfg, capabilities, exporters=exporters, **agent_kwargs)
         self.report = self.agent.start()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self.agent.run, args=(self._stop,), daemon=True)
@@ -156,3 +162,15 @@ def make_agent():
     yield make
     for a in made:
         a.close()
+
+
+def unstarted_agent(overrides: dict | None = None, **options):
+    """The registry's capabilities made and wired as `run` makes them, never started: no BPF, no
+    exporters; records handed to it (Agent._on_event) are decoded and handled as the ring buffer's."""
+    from mcp_hostagent.config import load_config
+    from mcp_hostagent.registry import make_agent
+
+    base = {"export.jsonl_path": "", "nic.enabled": False}
+    base.update(overrides or {})
+    options.setdefault("nvml_module", object())
+    return make_agent(load_config(None, env={}, overrides=base), **options)

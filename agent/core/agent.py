@@ -1,7 +1,7 @@
-"""The core: load the BPF programs, route each ring-buffer record by its type to the capabilities
-that own it, and schedule their periodic work. The capabilities (requests, reclaim, cuda,
-gpuhealth, pcie, nic, numa) do the rest; this file only wires them (what one needs of another is handed
-to it here) and docs/ARCHITECTURE.md has one line per capability.
+"""The core: make the capabilities from their declarations, load the BPF unit they declare, route each
+ring-buffer record by its type to the capability that owns it, run the request path, and schedule the
+periodic work. It knows no capability by name (agent/registry.py lists them) and drives every one
+through the one protocol of core/capability.py; docs/ARCHITECTURE.md draws it.
 
 One thread (the caller's) polls the ring buffers and, once a tick, reads the maps and runs each
 capability's tick step; the watch scan has a thread of its own. Export runs on the OTel SDK's
@@ -20,26 +20,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..config import Config, ConfigError
-from ..cuda.capability import Cuda
-from ..cuda.finder import trusted_libcuda
-from ..gpuhealth.capability import GpuHealth
-from ..nic.capability import Nic
-from ..numa.capability import Numa
-from ..pcie.capability import Pcie
-from ..pcie.records import AerRecord, LinkEventRecord
-from ..reclaim.capability import Reclaim
-from ..reclaim.oom import OomKill
-from ..requests import owners
-from ..requests.capability import Requests
-from ..http import records as http_records
-from ..http.capability import Http
-from ..telemetry.snapshot import AgentView, SnapshotBuilder, TickState
+from ..telemetry.snapshot import AgentView, SnapshotBuilder
 from . import discovery, imports_behind, kernel, loader, probes
-from . import records as R
-from .decode import DecodeError, Route, decode
+from . import request as request_mod
+from .capability import CapabilityError, Context
+from .decode import TP_RAW, DecodeError, Route, decode
 from .health import AgentHealth
 from .processes import Processes
+from .rawtp import RawDecoder
 from .timebase import Timebase
+from .tracefs import RecordError
+from .unit import Unit
 
 if TYPE_CHECKING:  # imported in start(), after the attach: they import the OpenTelemetry SDK
     from ..exporters import Exporters
@@ -50,6 +41,9 @@ log = logging.getLogger("mcp_hostagent")
 TICK_STEP_LOG_S = 60.0  # a failing tick step is logged at most this often (and counted always)
 LOST_LOG_INTERVAL_S = 30.0  # ring-buffer losses: counted always, a log line at most this often
 USER_LOST_LOG_S = 30.0
+RINGS = (b"events",)  # the core's own ring buffer (bpf/common.bpf.c); capabilities declare theirs
+# an input the core itself uses: whether a maps line maps a libcuda whose process is a GPU process
+LIBCUDA_TRUST = "watch.libcuda_trusted"
 
 
 class StartError(RuntimeError):
@@ -64,10 +58,7 @@ class StartReport:
     plan: probes.ProbePlan
     sinks: list[str]
     sources: list  # core.capability.SourceStatus: NVML, Xid, PCIe sysfs, netlink
-    compile_processes: str = ""  # loader.Loaded.processes: "2 processes", or "1 process" and why
-
-
-bpf_settings = loader.bpf_settings  # a name of this module's: tests replace it here
+    compile_processes: str = ""  # loader.Loaded.processes: how the unit came (compiled, from the cache)
 
 
 def prepare_kernel(cfg: Config) -> tuple[kernel.HeaderChoice, list[str]]:
@@ -91,14 +82,17 @@ def raise_nofile() -> None:
 
 
 class Agent:
-    """Not started, an Agent still decodes and handles the health tracepoints' records (gpuhealth,
-    pcie: no BPF object needed); the other record types are routed once start() loaded the programs."""
+    """Made, not started, an Agent already routes and decodes records (the raw tracepoint copies need no
+    BPF object of the agent's own); start() loads the programs and starts every capability."""
 
-    def __init__(self, cfg: Config, exporters: Exporters | None = None, progress=None,
-                 proc_root: str = "/proc", nvml_module=None, sysfs_root: str = "/sys"):
+    def __init__(self, cfg: Config, capabilities, exporters: Exporters | None = None, progress=None,
+                 proc_root: str = "/proc", sysfs_root: str = "/sys", **options):
+        """capabilities: their Declarations, in the order they are driven (agent/registry.py);
+        options: per-capability test hooks (gpuhealth's nvml_module)."""
         self.cfg = cfg
         self.progress = progress
         self.proc_root = proc_root
+        self.unit = Unit(capabilities)
         self.health = AgentHealth()
         self.processes = Processes(proc_root, cfg.process_command_line)
         self.timebase = Timebase()
@@ -107,54 +101,68 @@ class Agent:
         self.bpf = None
         self.plan: probes.ProbePlan | None = None
         self.telemetry: Telemetry | None = None
-        self.snapshots = SnapshotBuilder(proc_root, to_wall=self.timebase.to_wall_ns,  # `mcp-agent top`
-                                         busy_util_pct=cfg.pcie_busy_util_pct)
-        # capabilities without a BPF object of their own to wait for
-        self.gpu = GpuHealth(enabled=cfg.gpu_enabled, sample_period_s=cfg.gpu_sample_period_s,
-                             slow_period_s=cfg.gpu_slow_period_s, nvml_module=nvml_module, rejected=self.health.rejected)
-        self.pcie = Pcie(sysfs_root=sysfs_root, busy_util_pct=cfg.pcie_busy_util_pct, util=self.gpu.util_by_bdf,
-                         gpus_of=self.gpu.gpus_of)
-        self.pcie.episode_listeners.append(self.snapshots.on_link_episode)
-        self.gpu.record_handlers.update({AerRecord: self.pcie.on_aer, LinkEventRecord: self.pcie.on_link_event})
-        self.nic = Nic(enabled=cfg.nic_enabled, sysfs_root=sysfs_root)
-        self.numa = Numa(gpu_processes=self.gpu.gpu_processes, sysfs_root=sysfs_root, proc_root=proc_root)
-        self.cuda_cap = Cuda(processes=self.processes, health=self.health)
-        self.routes: dict[int, Route] = self.gpu.routes()
-        # made once the programs are loaded
-        self.requests: Requests | None = None
-        self.http: Http | None = None
-        self.reclaim: Reclaim | None = None
+        self.ctx = Context(cfg, self.health, self.processes, self.timebase, proc_root, sysfs_root, options,
+                           survived=self._survived)
+        self.caps: dict[str, object] = {}  # name -> Capability, in the registry's order
+        self._pairs = []  # (Declaration, Capability)
+        for d in self.unit.declarations:
+            cap = d.make()(self.ctx)
+            self.caps[d.name] = cap
+            self._pairs.append((d, cap))
+            for name, fn in cap.provided().items():
+                if name not in d.provides:
+                    raise ValueError(f"capability {d.name} provides {name!r} without declaring it")
+                self.ctx.inputs.provide(d.name, name, fn)
+        for d in self.unit.declarations:
+            for name in d.needs:
+                if not self.ctx.inputs.has(name):
+                    raise ValueError(f"capability {d.name} needs input {name!r}, which none provides")
+        self.path = request_mod.RequestPath(self._pairs, self.processes, None, self.health)  # one writer per attribute
+        self.ctx.finish = self.path.finish
+        self.snapshots = SnapshotBuilder(  # `mcp-agent top`
+            [s for s in (cap.section() for _, cap in self._pairs) if s is not None], to_wall=self.timebase.to_wall_ns)
+        self.path.listeners.append(self.snapshots.on_request)
+        self._raw_owner = {kind: cap for d, cap in self._pairs for kind in d.raw}
+        self.raw = RawDecoder({k: v for d, _ in self._pairs for k, v in d.raw.items()},
+                              missing_why={p.tracepoint.replace(":", "/"): p.absent for p in self.unit.probes if p.absent})
+        self.routes: dict[int, Route] = self._route_table()
+        self.kernel_stats_labels = self.unit.kernel_stats()
+        self.health.activity = self.unit.activity_stats()
         self.watcher: discovery.Watcher | None = None
         self._last_error_log = 0.0
         self._lost_log = (float("-inf"), 0)  # (when, kernel losses then) of the last loss line
         self._stopped = False
+        self._caps_stopped = False
         self._step_logged: dict[str, float] = {}  # tick step -> when its failure was last logged
 
-    @property
-    def cuda(self):
-        """The CUDA probes (libcuda uprobes, NVIDIA ioctl programs, governor), or None."""
-        return self.cuda_cap.probes
-
-    @cuda.setter
-    def cuda(self, probes) -> None:  # tests run the agent with probes of their own settings
-        self.cuda_cap.probes = probes
+    def _route_table(self) -> dict[int, Route]:
+        """Record type -> its struct, builder and handlers: each capability's own records, the raw
+        tracepoint copies (decoded here, handed to the capability that declared the kind)."""
+        table = {t: r.with_handlers(self._on_raw) for t, r in TP_RAW.items()}
+        for d, cap in self._pairs:
+            for t, r in cap.routes().items():
+                if t in table:
+                    raise ValueError(f"record type {t} routed by both {d.name} and another")
+                table[t] = r
+        return table
 
     # ---- start / stop ----
     def start(self) -> StartReport:
         cfg = self.cfg
         raise_nofile()
         hc, mounted = prepare_kernel(cfg)
-        self.plan = probes.plan(cfg.probes_disable, off=probes.switched_off(cfg))
+        self.plan = self.ctx.plan = self.unit.plan(cfg)
         try:
-            allow = owners.allowed_owners(cfg)
-        except owners.OwnerError as e:
+            for _, cap in self._pairs:
+                cap.prepare()
+        except CapabilityError as e:
             raise StartError(str(e)) from None
-        self.gpu.warm()
-        self.loaded = loader.load(self.plan, bpf_settings(cfg), self.progress)
-        if self.loaded:  # before any probe sees a marker (the maps exist from the load on)
-            owners.write_allow(self.loaded[0].bpf, allow)
-            discovery.write_kernel_rules(self.loaded[0].bpf, cfg)
-            self.cuda_cap.start(self.loaded[0].bpf, self.plan, cfg, self.proc_root)
+        self.loaded = loader.load(self.unit, self.plan, self.unit.settings(cfg), self.progress)
+        if self.loaded:  # before any probe sees a record (the maps exist from the load on)
+            self.bpf = self.ctx.bpf = self.loaded[0].bpf
+            discovery.write_kernel_rules(self.bpf, cfg)
+            for _, cap in self._pairs:
+                cap.loaded()
         self.health.compile_s = sum(x.compile_s for x in self.loaded)
         self.health.probes = {n: s.state for n, s in self.plan.statuses.items()}
         missing = self.plan.missing()
@@ -164,9 +172,8 @@ class Agent:
             raise StartError(f"--strict: probes missing: {', '.join(s.spec.name for s in missing)}: {reasons}")
         if not self.loaded:
             raise StartError(f"no BPF program loaded: {reasons}")
-        self.bpf = self.loaded[0].bpf
-        if cfg.nic_enabled:  # every probe attached: nothing of the load's left to share the GIL with
-            imports_behind.after_load("pyroute2")
+        # every probe attached: nothing of the load's left to share the GIL with
+        imports_behind.after_load(*(m for d in self.unit.declarations for m in d.imports_after_load(cfg)))
         imports_behind.wait()
         from .. import exporters as exporters_mod
         from ..telemetry.otel import Telemetry
@@ -176,62 +183,47 @@ class Agent:
         except ConfigError as e:
             self.detach()
             raise StartError(str(e)) from None
-        tel = self.telemetry = Telemetry(service_name=cfg.service_name, exporters=exporters, timebase=self.timebase,
-                                         max_queue_size=cfg.export_max_queue_size,
-                                         metric_interval_s=cfg.export_metric_interval_s)
+        tel = self.telemetry = self.ctx.telemetry = self.path.telemetry = Telemetry(
+            service_name=cfg.service_name, exporters=exporters, timebase=self.timebase,
+            max_queue_size=cfg.export_max_queue_size, metric_interval_s=cfg.export_metric_interval_s)
         self.processes.on_gone = tel.forget_processes
-        self.reclaim = Reclaim(self.bpf, cfg, telemetry=tel, registry=self.processes.registry, proc_root=self.proc_root,
-                               kswapd_attached=self.health.probes.get("kswapd_wake") == probes.ATTACHED)
-        self.gpu.record_handlers[OomKill] = self.reclaim.on_oom  # decoded from health.bpf.c's copies
-        self.pcie.attach_telemetry(tel)
-        self.cuda_cap.attach_telemetry(tel)
-        # a request's evidence, in the order its attributes, links and events are merged
-        self.requests = Requests(self.bpf, idle_expiry_s=cfg.requests_idle_expiry_s, health=self.health,
-                                 processes=self.processes, telemetry=tel,
-                                 evidence=(self.reclaim.evidence, self.gpu.evidence, self.pcie.evidence,
-                                           self.nic.evidence, self.numa.evidence, self.cuda_cap.evidence),
-                                 listeners=(self.snapshots.on_request, self.reclaim.on_request))
-        self.http = Http(self.bpf, finish=self.requests.finish, idle_expiry_s=cfg.requests_idle_expiry_s,
-                         rejected=self.health.rejected, proc_root=self.proc_root,
-                         sock_tracepoints=http_records.sock_tracepoints(cfg))
-        self.cuda_cap.root_of = self.http.root_of  # a tree group's GPU steps (requests.group = tree)
-        self.routes = self._route_table()
-        imports_behind.wait_after_load()  # pyroute2, for the NIC watch
-        sources = [*self.gpu.start(bpf_xid=self.health.probes.get("gpu_xid") == probes.ATTACHED),
-                   *self.pcie.start(enabled=cfg.gpu_enabled), *self.nic.start(),
-                   *self.numa.start(self.bpf, switch_attached=self.health.probes.get("sched_switch") == probes.ATTACHED,
-                                    nvml_attached=getattr(self.gpu.sources.get("nvml"), "state", None) == "attached")]
+        imports_behind.wait_after_load()
+        sources = [src for _, cap in self._pairs for src in cap.start()]
         for src in sources:
             self.health.probes[src.name] = src.state
             self.health.source_reasons[src.name] = src.reason
-        for cap in (self.processes, self.reclaim, self.cuda_cap, self.requests, self.gpu, self.pcie, self.nic):
+        tel.declare(self.processes.instruments())
+        tel.declare(request_mod.INSTRUMENTS)
+        for _, cap in self._pairs:
             tel.declare(cap.instruments())
         tel.declare(self.health.instruments(exporters.stats))
-        self.bpf[b"events"].open_ring_buffer(self._on_event)
-        self.bpf[b"req_events"].open_ring_buffer(self.requests.counting(self._on_event))
-        self.bpf[b"http_events"].open_ring_buffer(self.http.counting(self._on_event))
+        for name in RINGS + tuple(r for d in self.unit.declarations for r in d.rings):
+            cb = self._on_event
+            for _, cap in self._pairs:
+                cb = cap.ring(name, cb)
+            self.bpf[name].open_ring_buffer(cb)
         if cfg.process_watch != "all":
-            # a libcuda mapping makes a GPU process only if the CUDA finder's trust check passes: handed in
-            # here, so that the core imports no capability
-            self.watcher = discovery.Watcher(cfg, self.proc_root, lambda: self.bpf, self._survived, trusted_libcuda)
+            trusted = self.ctx.inputs.get(LIBCUDA_TRUST, None) if self.ctx.inputs.has(LIBCUDA_TRUST) else None
+            self.watcher = discovery.Watcher(cfg, self.proc_root, lambda: self.bpf, self._survived, trusted)
             self.watcher.start()
         self.tick()
-        self.reclaim.close_window()  # baseline of the reclaim totals: the first window counts from here
         return StartReport(hc.description, mounted, self.health.compile_s, self.plan, exporters.describe(), sources,
                            "; ".join(x.processes for x in self.loaded))
 
-    def _route_table(self) -> dict[int, Route]:
-        """Record type -> its struct, builder and handlers: each capability's own records, plus the
-        handlers of capabilities that consume another's (requests takes reclaim's stalls)."""
-        caps = (self.gpu, self.requests, self.http, self.reclaim, self.cuda_cap)
-        table = {t: r for cap in caps for t, r in cap.routes().items()}
-        for cap in caps:
-            for rtype, handler in getattr(cap, "handlers", dict)().items():
-                table[rtype] = table[rtype].with_handlers(handler)
-        return table
+    def _stop_capabilities(self) -> None:
+        """Each capability's stop, last first: before the BPF object goes (the uprobes and tracepoint
+        fds a capability attached itself hold its programs)."""
+        if self._caps_stopped:
+            return
+        self._caps_stopped = True
+        for d, cap in reversed(self._pairs):
+            try:
+                cap.stop()
+            except Exception as e:  # noqa: BLE001 -- stopping must finish for the others
+                self._survived(f"stop_{d.name}", e)
 
     def detach(self) -> None:
-        self.cuda_cap.stop()  # its uprobes and tracepoint fds go before the BPF object
+        self._stop_capabilities()
         for x in self.loaded:
             # Each tracepoint detach waits for an RCU grace period (~75 ms here); bcc's cleanup()
             # does them one by one, ~1.5 s for 20 probes. In parallel they share the grace periods.
@@ -244,7 +236,7 @@ class Agent:
                 t.join()
             x.bpf.cleanup()
         self.loaded = []
-        self.bpf = None
+        self.bpf = self.ctx.bpf = None
 
     @staticmethod
     def _detach_tp(bpf, tp: bytes) -> None:
@@ -254,7 +246,7 @@ class Agent:
             pass
 
     def stop(self, timeout_s: float = 3.0) -> bool:
-        """Drain the ring buffer, detach, flush. True if the exporters flushed within timeout_s."""
+        """Drain the ring buffers, detach, flush. True if the exporters flushed within timeout_s."""
         if self._stopped:
             return True
         self._stopped = True
@@ -264,11 +256,8 @@ class Agent:
             self.bpf.ring_buffer_consume()
             self._read_maps()
         self.detach()
-        self.gpu.stop()
-        self.nic.stop()
         if self.telemetry is None:
             return True
-        self.reclaim.stop()
         t = threading.Thread(target=self.telemetry.shutdown, args=(timeout_s,), daemon=True)
         t.start()
         t.join(timeout_s + 0.5)
@@ -288,7 +277,8 @@ class Agent:
 
     def poll(self, timeout_ms: int = 100) -> None:
         self.bpf.ring_buffer_poll(timeout_ms)
-        self.requests.tell_consumed()
+        for _, cap in self._pairs:
+            cap.polled()
 
     def _on_event(self, ctx, data, size) -> int:
         try:
@@ -306,6 +296,17 @@ class Agent:
                 log.exception("handling %s failed (counted in hostagent.agent.events.lost{where=user})", type(rec).__name__)
         return 0
 
+    def _on_raw(self, rec) -> None:
+        """A raw tracepoint copy: decoded with its event's run-time format, to the capability of its kind."""
+        try:
+            ev = self.raw.decode(rec)
+        except RecordError:
+            self.health.rejected["tracepoint_record"] += 1
+            return
+        owner = self._raw_owner.get(rec.kind)
+        if owner is not None:
+            owner.raw(rec.kind, ev, rec.hdr.ts_ns)  # bpf_ktime_get_ns(): CLOCK_MONOTONIC
+
     def tick(self) -> None:
         """The periodic work, step by step. A step that fails (a map write refused, EMFILE, a /proc
         file that changed shape under it) is counted in hostagent.agent.errors and logged at most once a
@@ -314,13 +315,10 @@ class Agent:
         if self.bpf is None:
             return
         self.timebase.refresh()  # a wall-clock step (NTP, a VM restored) reaches span times within a tick
-        self._step("expire", self.requests.tick)
-        self._step("http", self.http.tick)
         self._step("read_maps", self._read_maps)
-        self._step("gpu", self._gpu_tick)
-        self._step("numa", self.numa.tick)
-        self._step("reclaim_window", self.reclaim.tick)
-        self._step("snapshot", lambda: self.snapshots.on_tick(self.tick_state()))
+        for d, cap in self._pairs:
+            self._step(d.name, cap.tick)
+        self._step("snapshot", lambda: self.snapshots.on_tick(self.processes.rows, self.agent_view()))
 
     def _step(self, where: str, fn) -> None:
         try:
@@ -342,7 +340,7 @@ class Agent:
             return
         totals = {}
         for k, v in b[b"stats"].items():
-            label = R.KERNEL_STATS.get(k.value)
+            label = self.kernel_stats_labels.get(k.value)
             if label:
                 totals[label] = sum(v)
         self.health.kernel_stats = totals
@@ -353,31 +351,21 @@ class Agent:
                         "hostagent.agent.events.lost{hostagent.where=kernel}; next report in %.0f s at the earliest",
                         lost - logged, lost, LOST_LOG_INTERVAL_S)
         self.processes.read(b)
-        self.cuda_cap.publish()
-
-    def _gpu_tick(self) -> None:
-        """GPU health, PCIe links and NIC events: one step, as before they were capabilities apart."""
-        self.gpu.tick()
-        self.pcie.tick()
-        self.nic.tick()
 
     # ---- reporting ----
-    def tick_state(self) -> TickState:
-        """The plain state the top snapshot is built from, once a tick."""
+    def in_flight(self) -> int:
+        return sum(cap.in_flight() for _, cap in self._pairs)
+
+    def agent_view(self) -> AgentView:
         h = self.health
-        return TickState(
-            proc_rows=self.processes.rows, kswapd=self.reclaim.kswapd if self.reclaim else None,
-            open_storms=self.reclaim.open_storms() if self.reclaim else [], gpu=self.gpu, pcie=self.pcie,
-            nic=self.nic, to_wall=self.timebase.to_wall_ns, agent=AgentView(
-                probes_attached=self.plan.live() if self.plan else 0,  # attached, armed, duty-cycled
-                probes_total=len(self.plan.statuses) if self.plan else 0,
-                lost_kernel=h.kernel_lost(), lost_user=h.user_lost, requests_total=sum(h.requests.values()),
-                open_requests=len(self.requests.joiner.open) if self.requests else 0))
+        return AgentView(probes_attached=self.plan.live() if self.plan else 0,  # attached, armed, duty-cycled
+                         probes_total=len(self.plan.statuses) if self.plan else 0, lost_kernel=h.kernel_lost(),
+                         lost_user=h.user_lost, requests_total=sum(h.requests.values()), open_requests=self.in_flight())
 
     def status_line(self) -> str:
         h, s = self.health, self.telemetry.stats.snapshot() if self.telemetry else {}
         return (f"probes {self.plan.live() if self.plan else 0}/{len(self.plan.statuses) if self.plan else 0} | "
-                f"requests {sum(h.requests.values())} open {len(self.requests.joiner.open) if self.requests else 0} | "
+                f"requests {sum(h.requests.values())} open {self.in_flight()} | "
                 f"spans exported {s.get('spans_exported', 0)} dropped "
                 f"{s.get('spans_dropped_queue', 0) + s.get('spans_failed', 0)} | "
                 f"lost kernel {h.kernel_lost()} user {h.user_lost} | rejected {sum(h.all_rejected().values())}")

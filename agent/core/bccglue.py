@@ -1,5 +1,6 @@
 """The one place that reaches into bcc: its BPF class made to attach probes one by one and to run on
-maps and programs from the compile cache, the compile with LLVM's diagnostics kept back, and what a
+maps and programs from the compile cache (the maps' description read from libbcc, bcc's tables over
+maps core/mapset.py made), the compile with LLVM's diagnostics kept back, and what a
 compiled module holds (its functions' instructions, its tables) read through libbcc. bcc 0.26
 (Debian's python3-bpfcc); tests/core/test_mapset.py holds a made unit's state to a compiled one's.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import json
 import os
 import sys
 import tempfile
@@ -42,6 +44,12 @@ def bpf_class():
             self._ringbuf_manager = self.tracefile = self.module = None
             self.debug = 0
             self.made = mapset.make(desc)
+            try:  # the ctypes types bcc makes of each table's key and leaf, as its own compile would
+                for _, m in self.made.values():
+                    m["types"] = (_decoded(m, "key_desc"), _decoded(m, "leaf_desc"))
+            except BaseException:
+                mapset.close(self.made)
+                raise
             atexit.register(self.cleanup)
             return self
 
@@ -57,7 +65,7 @@ def bpf_class():
             if self.module is not None or key not in self.made:
                 return super().get_table(name, keytype, leaftype, reducer)
             fd, m = self.made[key]
-            return mapset.table(self, m, fd, keytype, leaftype, reducer)
+            return table(self, m, fd, keytype, leaftype, reducer)
 
         def cleanup(self):
             try:
@@ -189,3 +197,59 @@ def release_compiler_memory(maps_path: str = "/proc/self/maps") -> None:
             continue
         lo, hi = (int(v, 16) for v in x[0].split("-"))
         madvise(lo, hi - lo, MADV_PAGEOUT)
+
+
+# ---- the compile cache's maps: their description read from libbcc, bcc's tables over maps made without it ----
+
+def describe(module) -> list[dict]:
+    """Every table of a compiled bcc module, as make() needs it and bcc's Table classes read it."""
+    from bcc import libbcc
+
+    lib = libbcc.lib
+    out = []
+    for fd, name in sorted(tables(module).items(), key=lambda x: x[1]):
+        info = bpfsys.map_info(fd)
+        if info.type not in mapset.MADE_TYPES or info.btf_vmlinux_value_type_id:
+            raise mapset.MapSetError(f"table {name}: map type {info.type} is not made without bcc")
+        n = name.encode()
+        mid = lib.bpf_table_id(module, n)
+        out.append({"name": name, **{f: int(getattr(info, f)) for f in mapset.FIELDS},
+                    "bcc_id": int(mid),
+                    "bcc_type": int(lib.bpf_table_type_id(module, mid)),
+                    "bcc_flags": int(lib.bpf_table_flags_id(module, mid)),
+                    "bcc_max_entries": int(lib.bpf_table_max_entries_id(module, mid)),
+                    "key_desc": (lib.bpf_table_key_desc(module, n) or b"").decode(),
+                    "leaf_desc": (lib.bpf_table_leaf_desc(module, n) or b"").decode()})
+    return out
+
+
+def _decoded(m: dict, desc: str):
+    """The ctypes type bcc makes of a table's key or leaf description (mapset.MapSetError if it cannot)."""
+    from bcc import BPF
+
+    try:
+        return BPF._decode_table_type(json.loads(m[desc]))
+    except Exception as e:  # noqa: BLE001 - bcc raises bare Exception, json ValueError, ctypes TypeError
+        raise mapset.MapSetError(f"table {m['name']}: {desc}: {e}") from None
+
+
+def table(bpf, m: dict, fd: int, keytype=None, leaftype=None, reducer=None):
+    """bcc's table object for a made map. bcc's constructors read the type, flags and max_entries from
+    libbcc by the module, which a made unit lacks (libbcc answers -1 and 0 for no module): set from the
+    description after."""
+    from bcc import table as T
+
+    M = mapset
+    cls = {M._HASH: T.HashTable, M._ARRAY: T.Array, M._PROG_ARRAY: T.ProgArray, M._PERCPU_HASH: T.PerCpuHash,
+           M._PERCPU_ARRAY: T.PerCpuArray, M._LRU_HASH: T.LruHash, M._LRU_PERCPU_HASH: T.LruPerCpuHash,
+           M._RINGBUF: T.RingBuf}[m["bcc_type"]]
+    name = m["name"].encode()
+    keytype, leaftype = keytype or m["types"][0], leaftype or m["types"][1]
+    if cls in (T.PerCpuHash, T.PerCpuArray, T.LruPerCpuHash):
+        t = cls(bpf, m["bcc_id"], fd, keytype, leaftype, reducer=reducer)
+    elif cls is T.RingBuf:
+        t = cls(bpf, m["bcc_id"], fd, keytype, leaftype, name)
+    else:
+        t = cls(bpf, m["bcc_id"], fd, keytype, leaftype)
+    t.ttype, t.flags, t.max_entries = m["bcc_type"], m["bcc_flags"], m["bcc_max_entries"]
+    return t

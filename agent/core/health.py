@@ -7,7 +7,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..telemetry.spec import Instrument
-from .records import ACTIVITY_STATS
 
 
 @dataclass
@@ -20,13 +19,15 @@ class AgentHealth:
     requests: Counter = field(default_factory=Counter)  # end_reason -> count
     source_reasons: dict[str, str] = field(default_factory=dict)  # non-BPF source -> why missing
     errors: Counter = field(default_factory=Counter)  # failures survived, by where (tick step, map write)
+    activity: frozenset = frozenset()  # kernel stats that count activity, not a refusal (core/unit.py)
 
     def kernel_lost(self) -> int:
-        return sum(self.kernel_stats.get(k, 0) for k in ("rb_lost", "rb_req_lost", "rb_http_lost"))
+        """Records a ring buffer had no room for: each family's rb_*lost stat."""
+        return sum(v for k, v in self.kernel_stats.items() if is_loss(k))
 
     def all_rejected(self) -> dict[str, int]:
         """Records and markers refused or dropped, by reason: the kernel's and user space's."""
-        out = {k: v for k, v in self.kernel_stats.items() if k not in ACTIVITY_STATS}
+        out = {k: v for k, v in self.kernel_stats.items() if k not in self.activity and not is_loss(k)}
         for k, v in dict(self.rejected).items():  # (a copy: the agent's thread adds reasons)
             out[k] = out.get(k, 0) + v
         return out
@@ -61,3 +62,8 @@ class AgentHealth:
                        read=lambda: [(stats.snapshot().get("spans_dropped_queue", 0), {"hostagent.reason": "queue_full"}),
                                      (stats.snapshot().get("spans_failed", 0), {"hostagent.reason": "export_failed"})]),
         ]
+
+
+def is_loss(stat: str) -> bool:
+    """A ring buffer's loss count (enum mcp_stat_* MCP_STAT_RB_*LOST: every family names its so)."""
+    return stat.startswith("rb_") and stat.endswith("lost")

@@ -10,9 +10,8 @@ Agent.start waits for them before importing them itself (pynvml, a leaf, may be 
 module lock makes one thread wait for the other).
 
 pyroute2 (the NIC watch's, after the attach) is begun only once the probes are attached (after_load):
-begun with the others, its import (0.2 s alone here, 0.58 s on the H100 host) ran beside the end of a
-first start's load, the workers' replies decoded, programs loaded and cache entries written, all
-Python, and the two shared the GIL: that end took 0.2-0.3 s there against a few ms here.
+begun with the others, its import runs beside the end of a first start's load (programs loaded and
+cache entries written, all Python), and the two share the GIL.
 """
 
 from __future__ import annotations
@@ -50,10 +49,10 @@ def start(*modules: str) -> None:
     _thread = _begin("mcp-import-behind", modules)
 
 
-def after_load(module: str) -> None:
+def after_load(*modules: str) -> None:
     """Joined by wait_after_load()."""
     global _after
-    _after = _begin("mcp-import-after-load", (module,))
+    _after = _begin("mcp-import-after-load", modules) if modules else None
 
 
 def wait_after_load() -> None:

@@ -1,5 +1,5 @@
-"""Compile the BPF unit with bcc (LLVM at start-up), keep its programs and maps' description in the
-compile cache, and attach its probes one by one.
+"""Compile the BPF unit (core/unit.py: the capabilities' sources) with bcc (LLVM at start-up), keep its
+programs and maps' description in the compile cache, and attach its probes one by one.
 
 A start whose unit (text, flags, bcc, kernel, headers, tracepoint formats: compile_cache.key) is in
 the cache makes the maps from their description (core/mapset.py) and loads the kept programs,
@@ -22,7 +22,7 @@ from typing import Callable
 
 from . import bccglue, bpfsys, compile_cache, mapset
 from .probes import ATTACHED, MISSING, TRACEPOINT_KINDS, ProbePlan
-from .records import bpf_source_dir
+from .unit import NAME as UNIT_NAME, Unit
 
 
 class LoadError(RuntimeError):
@@ -37,46 +37,8 @@ class Loaded:
     processes: str = ""  # how: "compiled", "from the compile cache", and any note
 
 
-# One compile unit, in this order: common.bpf.c holds the maps and helpers every family uses.
-UNIT = ("common.bpf.c", "requests.bpf.c", "http.bpf.c", "reclaim.bpf.c", "cuda.bpf.c", "health.bpf.c")
-UNIT_NAME = "agent.bpf"
 BPF_LD_IMM64, BPF_PSEUDO_MAP_FD = 0x18, 1  # include/uapi/linux/bpf.h
-# A program whose context is struct pt_regs is kprobe-type (bpf/cuda.bpf.c's uprobes); every other
-# program of the unit is a tracepoint's
-KPROBE_PROGRAM = re.compile(r"^int\s+(\w+)\s*\(\s*struct\s+pt_regs\s*\*", re.M)
 LOAD_THREADS = 4  # programs verified side by side on a cached start: bpf(2) runs without the GIL
-
-
-def bpf_settings(cfg) -> dict[str, int]:
-    """The BPF programs' compile-time settings (-D), each capability's and the watch mode."""
-    from ..http import records as http_records  # not the capabilities: they import the pipeline
-    from ..reclaim import records as reclaim_records
-    from ..requests import records as requests_records
-
-    return {"MCP_WATCH_ALL": cfg.process_watch == "all", **requests_records.bpf_settings(cfg),
-            **reclaim_records.bpf_settings(cfg), **http_records.bpf_settings(cfg)}
-
-
-def cflags_for(plan: ProbePlan, settings: dict[str, int]) -> list[str]:
-    flags = [f"-I{bpf_source_dir()}"]
-    flags += [f"-D{k}={int(v)}" for k, v in sorted(settings.items())]
-    flags += [f"-D{spec.macro}=1" for spec in plan.enabled()]
-    return flags
-
-
-def unit_source() -> str:
-    """The text bcc compiles: each source file present, in UNIT order, with a marker line each."""
-    parts = []
-    for name in UNIT:
-        path = os.path.join(bpf_source_dir(), name)
-        if os.path.exists(path):
-            with open(path) as f:
-                parts.append(f'#line 1 "{name}"\n' + f.read())
-    return "\n".join(parts)
-
-
-def kprobe_programs(text: str) -> set[str]:
-    return set(KPROBE_PROGRAM.findall(text))
 
 
 def _check_header_tree() -> None:
@@ -182,7 +144,7 @@ def _load_all(bpf, funcs: dict[bytes, bytes], kprobes: set[str], kept: dict) -> 
     return out
 
 
-def _from_cache(cache: str, k: str, text: str):
+def _from_cache(cache: str, k: str, kprobes: set[str]):
     """The unit made from the compile cache's entry k: (bpf, note), (None, note) when there is none or
     it cannot be used (it is then dropped: a program the kernel no longer takes must not be kept)."""
     try:
@@ -195,7 +157,7 @@ def _from_cache(cache: str, k: str, text: str):
     try:
         bpf = bccglue.bpf_class().from_maps(kept["maps_desc"])
         bpf.adopt(_rebound(bpf, kept), kept["license"].encode(), int(kept["kern_version"]))
-        failed = _load_all(bpf, bpf.adopted, kprobe_programs(text), kept)
+        failed = _load_all(bpf, bpf.adopted, kprobes, kept)
         if failed:
             raise ValueError(f"{failed[0]} from the compile cache")
         return bpf, ""
@@ -206,7 +168,8 @@ def _from_cache(cache: str, k: str, text: str):
         return None, f"; compiled (the cache's entry: {e})"
 
 
-def _compile(text: str, cflags: list[str], tracepoints: list[str], progress: Callable[[str], None] | None):
+def _compile(text: str, cflags: list[str], tracepoints: list[str], kprobes: set[str],
+             progress: Callable[[str], None] | None):
     """(bpf, seconds, how): from the compile cache, else compiled here (and kept for the next start
     if every program loads)."""
     t0 = time.monotonic()
@@ -217,7 +180,7 @@ def _compile(text: str, cflags: list[str], tracepoints: list[str], progress: Cal
         except (compile_cache.CacheError, OSError, ValueError) as e:
             cache, note = None, f"; compile cache not used: {e}"
     if cache and k:
-        bpf, note = _from_cache(cache, k, text)
+        bpf, note = _from_cache(cache, k, kprobes)
         if bpf is not None:
             return bpf, time.monotonic() - t0, "from the compile cache"
     try:
@@ -230,8 +193,8 @@ def _compile(text: str, cflags: list[str], tracepoints: list[str], progress: Cal
             # loaded now (attach would, a moment later): a program that fails is not kept, and its
             # probe reports the verifier's error at attach
             funcs = {n.encode(): base64.b64decode(i) for n, i in kept["funcs"].items()}
-            if not _load_all(bpf, funcs, kprobe_programs(text), kept):
-                kept["maps_desc"] = mapset.describe(bpf.module)
+            if not _load_all(bpf, funcs, kprobes, kept):
+                kept["maps_desc"] = bccglue.describe(bpf.module)
                 compile_cache.put(cache, k, kept)
         except (compile_cache.CacheError, mapset.MapSetError, OSError) as e:
             note += f"; compile cache not written: {e}"
@@ -247,7 +210,7 @@ class _Ahead:
 
     def _run(self, progress) -> None:
         try:
-            self.result = _compile(self.key[0], list(self.key[1]), list(self.key[2]), progress)
+            self.result = _compile(*_args(self.key), progress)
         except LoadError as e:
             self.error = e
         except Exception:  # noqa: BLE001 - bcc not importable, say: load() compiles again and reports it
@@ -257,12 +220,19 @@ class _Ahead:
 _ahead: _Ahead | None = None
 
 
-def _key(plan: ProbePlan, settings: dict[str, int], extra_cflags: tuple[str, ...] = ()) -> tuple:
-    return (unit_source(), tuple(cflags_for(plan, settings) + list(extra_cflags)),
-            tuple(s.tracepoint for s in plan.enabled() if s.kind in TRACEPOINT_KINDS))
+def _key(unit: Unit, plan: ProbePlan, settings: dict[str, int], extra_cflags: tuple[str, ...] = ()) -> tuple:
+    text = unit.text()
+    return (text, tuple(unit.cflags(plan, settings) + list(extra_cflags)),
+            tuple(s.tracepoint for s in plan.enabled() if s.kind in TRACEPOINT_KINDS),
+            tuple(sorted(unit.kprobe_programs(text))))
 
 
-def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], None] | None = None) -> None:
+def _args(key: tuple) -> tuple:
+    return key[0], list(key[1]), list(key[2]), set(key[3])
+
+
+def compile_ahead(unit: Unit, plan: ProbePlan, settings: dict[str, int],
+                  progress: Callable[[str], None] | None = None) -> None:
     """Begin compiling the unit in a thread; load() with the same plan and settings takes the result.
     `run` calls this before importing the pipeline, so the two overlap. libbcc 0.26 cannot compile two
     units at once (a SIGSEGV, seen): load() waits for this one."""
@@ -276,7 +246,7 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
         bccglue.bpf_class()
     except Exception:  # noqa: BLE001 - load() does it again and reports what fails
         return
-    job = _Ahead(_key(plan, settings), progress)
+    job = _Ahead(_key(unit, plan, settings), progress)
     try:
         job.thread.start()
     except RuntimeError:  # no thread (TasksMax): load() compiles
@@ -284,16 +254,16 @@ def compile_ahead(plan: ProbePlan, settings: dict[str, int], progress: Callable[
     _ahead = job
 
 
-def compile_ahead_for(cfg, progress: Callable[[str], None] | None = None) -> None:
+def compile_ahead_for(unit: Unit, cfg, progress: Callable[[str], None] | None = None) -> None:
     """`run`: the compile Agent.start will load, begun now (tracefs and headers as Agent.start finds
     them; it repeats both and reports what fails)."""
-    from . import kernel, probes
+    from . import kernel
 
     try:
         kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)  # Agent.start logs
     except kernel.KernelSetupError:
         return
-    compile_ahead(probes.plan(cfg.probes_disable, off=probes.switched_off(cfg)), bpf_settings(cfg), progress)
+    compile_ahead(unit, unit.plan(cfg), unit.settings(cfg), progress)
 
 
 def _take_ahead(key: tuple):
@@ -318,16 +288,14 @@ def drop_ahead() -> None:
     _take_ahead(None)
 
 
-def _fill_tails(bpf, plan: ProbePlan) -> None:
-    """Each tail-called program (probes.TAILS) loaded into its prog array slot, before the probes
+def _fill_tails(bpf, unit: Unit, plan: ProbePlan) -> None:
+    """Each tail-called program (Declaration.tails) loaded into its prog array slot, before the probes
     that call it attach; one that fails leaves those probes missing with its reason."""
     import ctypes
 
-    from .probes import TAILS
-
     BPF = bccglue.bpf_class()
     on = {s.name for s in plan.enabled()}
-    for array, index, fn, users in TAILS:
+    for array, index, fn, users in unit.tails:
         users = [u for u in users if u in on]
         if not users:
             continue
@@ -340,22 +308,22 @@ def _fill_tails(bpf, plan: ProbePlan) -> None:
                           "mcp-agent probes --dump shows the source and flags")
 
 
-def load(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], None] | None = None,
+def load(unit: Unit, plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], None] | None = None,
          extra_cflags: tuple[str, ...] = ()) -> list[Loaded]:
     """The unit with every enabled probe (compiled, or from the compile cache), its tracepoint probes
     attached one by one. Statuses in `plan` are updated in place; a failed compile marks every enabled
     probe missing. Probes of other kinds (uprobes) are attached later by their own module.
-    extra_cflags: for tests (-DMCP_TEST_TP_RAW_EXEC=1 compiles health.bpf.c's capture on
+    extra_cflags: for tests (-DMCP_TEST_TP_RAW_EXEC=1 compiles common.bpf.c's raw capture on
     sched:sched_process_exec)."""
     enabled = plan.enabled()
     if not enabled:
         return []
     try:
-        key = _key(plan, settings, extra_cflags)
+        key = _key(unit, plan, settings, extra_cflags)
         got = _take_ahead(key)
         if got is None:
             _check_header_tree()
-            got = _compile(key[0], list(key[1]), list(key[2]), progress)
+            got = _compile(*_args(key), progress)
         bpf, secs, how = got
     except LoadError as e:
         for spec in enabled:
@@ -366,7 +334,7 @@ def load(plan: ProbePlan, settings: dict[str, int], progress: Callable[[str], No
         threading.Thread(target=bccglue.release_compiler_memory, name="bpf-compile-release", daemon=True).start()
     except RuntimeError:  # no thread (TasksMax): released here
         bccglue.release_compiler_memory()
-    _fill_tails(bpf, plan)
+    _fill_tails(bpf, unit, plan)
     for spec in enabled:
         if spec.kind not in TRACEPOINT_KINDS or plan.statuses[spec.name].state == MISSING:
             continue

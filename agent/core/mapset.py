@@ -1,21 +1,20 @@
 """The unit's maps made without a compile: a start whose programs all come from the compile cache
 creates the maps from a description kept there too, instead of running bcc (LLVM over its prelude
-and the kernel headers: 0.4 s on this VM, 0.64 s on the H100 host, the largest step left on a
-cached start: docs/PERFORMANCE.md).
+and the kernel headers, the largest step left on a cached start: docs/PERFORMANCE.md).
 
 The description is taken from a unit bcc compiled here (describe): for each table, what the kernel
 made of it (BPF_OBJ_GET_INFO_BY_FD: type, key and value size, max_entries, flags, name) and what
 bcc's table classes read from libbcc (the key and leaf type descriptions, bcc's type, flags and
 max_entries). The maps do not depend on the probe macros (no BPF_* table sits under an #if
 MCP_PROBE_*: tests/core/test_mapset.py compares a maps-only compile with a full one), so one entry
-serves every plan with the same settings. Maps are made without BTF: bcc gives the kernel the
+serves every plan with the same settings. What reads bcc (the description, bcc's table objects over
+the made maps) is core/bccglue.py's: this module only asks the kernel. Maps are made without BTF: bcc gives the kernel the
 types for bpftool's pretty-printing only; none of the unit's map types or values needs BTF
 (a description naming one is refused, and the unit compiles as before).
 """
 
 from __future__ import annotations
 
-import json
 import os
 
 from . import bpfsys
@@ -41,30 +40,6 @@ def possible_cpus() -> str:
         return str(os.cpu_count())
 
 
-def describe(module) -> list[dict]:
-    """Every table of a compiled bcc module, as make() needs it and bcc's Table classes read it."""
-    from bcc import libbcc
-
-    from .bccglue import tables
-
-    lib = libbcc.lib
-    out = []
-    for fd, name in sorted(tables(module).items(), key=lambda x: x[1]):
-        info = bpfsys.map_info(fd)
-        if info.type not in MADE_TYPES or info.btf_vmlinux_value_type_id:
-            raise MapSetError(f"table {name}: map type {info.type} is not made without bcc")
-        n = name.encode()
-        mid = lib.bpf_table_id(module, n)
-        out.append({"name": name, **{f: int(getattr(info, f)) for f in FIELDS},
-                    "bcc_id": int(mid),
-                    "bcc_type": int(lib.bpf_table_type_id(module, mid)),
-                    "bcc_flags": int(lib.bpf_table_flags_id(module, mid)),
-                    "bcc_max_entries": int(lib.bpf_table_max_entries_id(module, mid)),
-                    "key_desc": (lib.bpf_table_key_desc(module, n) or b"").decode(),
-                    "leaf_desc": (lib.bpf_table_leaf_desc(module, n) or b"").decode()})
-    return out
-
-
 def make(desc: list) -> dict[str, tuple[int, dict]]:
     """{table name: (fd, its description)}, every map created; MapSetError (nothing left open) if a
     description is malformed or the kernel refuses a map."""
@@ -87,21 +62,10 @@ def make(desc: list) -> dict[str, tuple[int, dict]]:
             if fd < 0:
                 raise MapSetError(f"table {m['name']}: BPF_MAP_CREATE: {bpfsys.why(err)}")
             made[m["name"]] = (fd, m)
-            m["types"] = (_decoded(m, "key_desc"), _decoded(m, "leaf_desc"))
     except BaseException:
         close(made)
         raise
     return made
-
-
-def _decoded(m: dict, desc: str):
-    """The ctypes type bcc makes of a table's key or leaf description (MapSetError if it cannot)."""
-    from bcc import BPF
-
-    try:
-        return BPF._decode_table_type(json.loads(m[desc]))
-    except Exception as e:  # noqa: BLE001 - bcc raises bare Exception, json ValueError, ctypes TypeError
-        raise MapSetError(f"table {m['name']}: {desc}: {e}") from None
 
 
 def close(made: dict[str, tuple[int, dict]]) -> None:
@@ -113,23 +77,3 @@ def close(made: dict[str, tuple[int, dict]]) -> None:
             os.close(fd)
         except OSError:
             pass
-
-
-def table(bpf, m: dict, fd: int, keytype=None, leaftype=None, reducer=None):
-    """bcc's table object for a made map. bcc's constructors read the type, flags and max_entries from
-    libbcc by the module, which a made unit lacks (libbcc answers -1 and 0 for no module): set from the
-    description after."""
-    from bcc import table as T
-
-    cls = {_HASH: T.HashTable, _ARRAY: T.Array, _PROG_ARRAY: T.ProgArray, _PERCPU_HASH: T.PerCpuHash, _PERCPU_ARRAY: T.PerCpuArray,
-           _LRU_HASH: T.LruHash, _LRU_PERCPU_HASH: T.LruPerCpuHash, _RINGBUF: T.RingBuf}[m["bcc_type"]]
-    name = m["name"].encode()
-    keytype, leaftype = keytype or m["types"][0], leaftype or m["types"][1]
-    if cls in (T.PerCpuHash, T.PerCpuArray, T.LruPerCpuHash):
-        t = cls(bpf, m["bcc_id"], fd, keytype, leaftype, reducer=reducer)
-    elif cls is T.RingBuf:
-        t = cls(bpf, m["bcc_id"], fd, keytype, leaftype, name)
-    else:
-        t = cls(bpf, m["bcc_id"], fd, keytype, leaftype)
-    t.ttype, t.flags, t.max_entries = m["bcc_type"], m["bcc_flags"], m["bcc_max_entries"]
-    return t

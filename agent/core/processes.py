@@ -2,7 +2,9 @@
 
 proc_stats holds one struct mcp_counters per watched tgid, summed by every capability's probes
 (faults and switches by requests.bpf.c, reclaim by reclaim.bpf.c, CUDA by cuda.bpf.c); it is read
-once a tick into rows, which the hostagent.process.* metrics and the top snapshot read.
+once a tick into rows, which each capability's per-process metrics of its own counters
+(per_process) and the top snapshot read. The process's own accounting in /proc (faults by type,
+storage I/O) is this module's.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ class Processes:
         self._faults: dict[int, tuple[int, int]] = {}
         self._io: dict[int, tuple[int, int]] = {}
         self._lock = threading.Lock()  # rows and faults, read by the metric reader thread
-        self._numa_last: dict[tuple, float] = {}  # (pid, start, locality) -> the value last exported
         self.on_gone = None  # callable(set of pids): their metric state can go
 
     def attrs(self, pid: int, comm: bytes = b"", ttl_s: float = IDENTITY_TTL_S) -> dict:
@@ -121,29 +122,21 @@ class Processes:
         return faults, io
 
     # ---- metrics (read at collection time: rows are replaced whole, never mutated) ----
-    def _per_process(self, pick):
+    def snapshot_rows(self) -> list[tuple[int, tuple[dict, Counters]]]:
+        with self._lock:
+            return list(self.rows.items())
+
+    @staticmethod
+    def metric_identity(attrs: dict) -> dict:
+        return metric_identity(attrs)
+
+    def per_process(self, pick):
+        """A metric's read(): pick(Counters) -> [(value, extra attributes)] for each watched process."""
         def read():
             with self._lock:
                 rows = list(self.rows.values())
             return [(v, {**metric_identity(a), **extra}) for a, c in rows for v, extra in pick(c)]
         return read
-
-    def _numa_rows(self):
-        """numa_rows, never below what was exported before: the kernel adds a slice to its three
-        counters one after the other, and a read between them would make local or unknown dip once
-        (a counter reset to Prometheus). Called on the metric reader's thread only."""
-        with self._lock:
-            rows = list(self.rows.items())
-        last, out = self._numa_last, []
-        for pid, (a, c) in rows:
-            for v, extra in numa_rows(c):
-                key = (pid, a.get("process.creation.time"), extra["hostagent.numa.locality"])
-                v = last[key] = max(v, last.get(key, 0.0))
-                out.append((v, {**metric_identity(a), **extra}))
-        live = {pid for pid, _ in rows}
-        for key in [k for k in last if k[0] not in live]:
-            del last[key]
-        return out
 
     def _io_rows(self):
         with self._lock:
@@ -158,64 +151,13 @@ class Processes:
                 for a, (mn, mj) in rows for v, t in ((mn, "minor"), (mj, "major"))]
 
     def instruments(self) -> list[Instrument]:
-        p = self._per_process
         return [
-            Instrument("hostagent.process.user_faults", "counter", "{fault}",
-                       "user page faults (exceptions:page_fault_user)", p(lambda c: [(c.faults, {})])),
-            Instrument("process.context_switches", "counter", "{context_switch}", "context switches (sched:sched_switch)",
-                       p(lambda c: [(c.vcsw, {"process.context_switch.type": "voluntary"}),
-                                    (c.ivcsw, {"process.context_switch.type": "involuntary"})])),
-            Instrument("hostagent.process.offcpu.time", "counter", "s",
-                       "time the process's threads spent switched out (sleeping or waiting for a CPU)",
-                       p(lambda c: [(c.offcpu_ns / 1e9, {})])),
-            Instrument("hostagent.process.runqueue.wait.time", "counter", "s",
-                       "time the process's threads were runnable but not running: preempted, or woken and not yet"
-                       " on a CPU (schedstat's run delay, for the threads the agent follows)",
-                       p(lambda c: [(c.offcpu_runnable_ns / 1e9, {"hostagent.runqueue.wait": "preempted"}),
-                                    (c.wakeup_wait_ns / 1e9, {"hostagent.runqueue.wait": "wakeup"})])),
-            Instrument("hostagent.process.numa.cpu.time", "counter", "s",
-                       "time the process's traced threads ran on a CPU, by NUMA locality to its GPUs' node "
-                       "(local, remote; unknown while it had no home node: no GPU, or GPUs on several nodes)",
-                       self._numa_rows),
             Instrument("process.paging.faults", "counter", "{fault}",
                        "faults by type since the process started (/proc/PID/stat)", self._faults_rows),
             Instrument("process.disk.io", "counter", "By",
                        "bytes the process made the storage layer read and write since it started (/proc/PID/io): "
                        "a model loading from disk, where page cache hits count nothing", self._io_rows),
-            Instrument("hostagent.process.page_cache.added", "counter", "By",
-                       "bytes the process's threads added to the page cache (filemap:mm_filemap_add_to_page_cache): "
-                       "reads and file faults the cache missed, readahead included, and new pages of buffered writes",
-                       p(lambda c: [(c.pagecache_added_bytes, {})])),
-            Instrument("hostagent.process.reclaim.stall.time", "counter", "s",
-                       "time the process's threads stalled in reclaim",
-                       p(lambda c: [(c.direct_reclaim_ns / 1e9, {"hostagent.reclaim.kind": "direct"}),
-                                    (c.memcg_reclaim_ns / 1e9, {"hostagent.reclaim.kind": "memcg"})])),
-            Instrument("hostagent.process.reclaim.stalls", "counter", "{stall}", "reclaim stalls of the process's threads",
-                       p(lambda c: [(c.direct_reclaims, {"hostagent.reclaim.kind": "direct"}),
-                                    (c.memcg_reclaims, {"hostagent.reclaim.kind": "memcg"})])),
-            Instrument("hostagent.process.cuda.launches", "counter", "{launch}",
-                       "kernel launches seen by the libcuda uprobes (scaled when duty-cycled)",
-                       p(lambda c: [(c.cu_launch + c.cu_launch_ptsz + c.cu_launch_ex + c.cu_launch_ex_ptsz, {})])),
-            Instrument("hostagent.process.cuda.sync.time", "counter", "s",
-                       "time in cuStreamSynchronize/cuCtxSynchronize/cuEventSynchronize",
-                       p(lambda c: [(c.cu_sync_ns / 1e9, {})])),
-            Instrument("hostagent.process.cuda.ctx.time", "counter", "s", "time in cuCtxPush/Pop/SetCurrent",
-                       p(lambda c: [(c.cu_ctx_ns / 1e9, {})])),
-            Instrument("hostagent.process.cuda.alloc.out_of_memory", "counter", "{error}",
-                       "device allocations that failed with CUDA_ERROR_OUT_OF_MEMORY",
-                       p(lambda c: [(c.cu_alloc_oom, {})])),
         ]
-
-
-def numa_rows(c) -> list:
-    """local and remote once the process had a home node (then a 0 is measured), unknown for the rest."""
-    rows = []
-    if c.oncpu_homed_ns:
-        rows += [((c.oncpu_homed_ns - c.oncpu_remote_ns) / 1e9, {"hostagent.numa.locality": "local"}),
-                 (c.oncpu_remote_ns / 1e9, {"hostagent.numa.locality": "remote"})]
-    if c.oncpu_ns > c.oncpu_homed_ns:
-        rows.append(((c.oncpu_ns - c.oncpu_homed_ns) / 1e9, {"hostagent.numa.locality": "unknown"}))
-    return rows
 
 
 # Metric labels name the process, boundedly: the command line, owner, start time and cgroup path

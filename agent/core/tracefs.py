@@ -102,7 +102,7 @@ PERF_MAX_TRACE_SIZE = 8192
 def decode_captured(raw: bytes, fmt: TracepointFormat,
                     captured: bool = False) -> tuple[dict[str, int | str | bytes], tuple[str, ...]]:
     """decode_record, and which __data_loc fields were cut. captured: raw is a fixed-size copy of the
-    record's first bytes (bpf/health.bpf.c), not the whole record, so a __data_loc running past its end
+    record's first bytes (bpf/common.bpf.c tp_raw_capture), not the whole record, so a __data_loc running past its end
     is clamped to what was copied instead of rejected (an Xid message longer than the copy keeps its
     start); its offset and length must still be plausible for a record of this format."""
     out: dict[str, int | str | bytes] = {}

@@ -27,7 +27,6 @@ RESCAN_BUDGET_S = 0.025
 RESCAN_PASS_S = 0.25
 # Once, at start (before READY=1): passes back to back until the first round ends or this much has gone,
 # so that CUDA processes already running get their probes at start rather than a pass or more later
-# (the H100 host: the first uprobe 0.25 s after the finder began, a pass's wait)
 START_ROUND_S = 0.25
 
 # ---- /proc parsing (pure) ----

@@ -18,7 +18,7 @@ import os
 import re
 from typing import Callable
 
-from ..core import records as R
+from . import records as R
 
 TRACEFS = "/sys/kernel/tracing"
 

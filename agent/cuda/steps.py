@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core import records as R
 from ..core.decode import Counters, DecodeError, Header, Route, counters_from, decode
+from . import records as R
 from .symbols import LAUNCH_FIELDS
 
 # ---- zero-touch GPU steps: ring-buffer record MCP_EV_GPU_STEP (pure decode) ----

@@ -1,7 +1,7 @@
 """The driver API symbols the CUDA probes hook (bpf/cuda.bpf.c's uprobe programs), and each one's
 state in one libcuda file.
 
-SYMBOLS names every libcuda.so export that is probed: its row in the probe table (probes.PROBES), the
+SYMBOLS names every libcuda.so export that is probed: its probe row (cuda/__init__.py), the
 BPF function run at entry and, for the latency pairs, at return. The cuLaunchKernel* ones (DUTY_PROBE)
 are the high-rate ones the governor duty-cycles: their entry functions are also the counter fields
 (LAUNCH_FIELDS) and the weight slots in cu_config (LAUNCH_CFG).
@@ -12,16 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core import probes as P
-from ..core import records as R
 from . import uprobes
+from .records import C
 
 LAUNCH_FIELDS = ("cu_launch", "cu_launch_ptsz", "cu_launch_ex", "cu_launch_ex_ptsz")
+# every launch call counted, kernels and graph replays (a replay is one call, however many kernels)
+LAUNCH_CALLS = LAUNCH_FIELDS + ("cu_graph_launch",)
 
 
 @dataclass(frozen=True)
 class Sym:
     name: str
-    probe: str  # row in probes.PROBES
+    probe: str  # its probe row (cuda/__init__.py)
     entry: str  # BPF function run at entry
     ret: str | None = None  # BPF function run at return (latency pairs)
 
@@ -52,7 +54,7 @@ SYMBOLS = (
     Sym("cuMemFreeAsync_ptsz", "cuda_free", "cu_free_enter", "cu_free_ret"),
 )
 DUTY_PROBE = "cuda_launch"  # the high-rate ones; the rest are a few per step
-LAUNCH_CFG = {f: R.C["MCP_CFG_WEIGHT_" + f[3:].upper()] for f in LAUNCH_FIELDS}
+LAUNCH_CFG = {f: C["MCP_CFG_WEIGHT_" + f[3:].upper()] for f in LAUNCH_FIELDS}
 UPROBE_ROWS = tuple(dict.fromkeys(s.probe for s in SYMBOLS))
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from ..requests.telemetry import COUNTER_ATTRS, counter_attributes, scoped
-from .coverage import apply
-from .symbols import LAUNCH_FIELDS
+from ..core.request import counter_attributes, scoped
 from ..telemetry.spec import Instrument, Log2Buckets, SpanSpec
+from .coverage import apply
+from .records import COUNTERS as COUNTER_ATTRS
+from .symbols import LAUNCH_FIELDS
 
 STEP_SPAN = "hostagent.gpu_step"
 GOVERNOR_FIELDS = ("budget", "cost_ns", "duty", "unsteered", "launch_rate_hz", "attached_overhead", "overhead")
@@ -35,7 +36,7 @@ def step_span(step, proc_attrs: dict) -> SpanSpec:
     attrs = {"process.pid": step.hdr.tgid}
     attrs.update({"thread.id": step.hdr.tid, "hostagent.gpu_step.sync.kind": step.sync_kind,
                   "hostagent.gpu_step.sync.time": step.sync_ns / 1e9})
-    attrs.update(counter_attributes(step.counters))
+    attrs.update(counter_attributes(step.counters, COUNTER_ATTRS))
     return SpanSpec(STEP_SPAN, step.begin_ns, max(step.hdr.ts_ns, step.begin_ns), attrs, resource=proc_attrs)
 
 
@@ -95,3 +96,21 @@ def scope_coverage_attributes(counters, cov: dict[str, tuple[float, float]], sco
         attrs[scoped(name, scope)] = est[f]
         attrs[scoped(COVERAGE_PREFIX + name.rsplit(".", 1)[1], scope)] = round(c, 4)
     return attrs
+
+
+def process_instruments(processes) -> list[Instrument]:
+    """CUDA's kernel counters per watched process (core/processes.py rows)."""
+    p = processes.per_process
+    return [
+        Instrument("hostagent.process.cuda.launches", "counter", "{launch}",
+                   "kernel launches seen by the libcuda uprobes (scaled when duty-cycled)",
+                   p(lambda c: [(sum(getattr(c, f) for f in LAUNCH_FIELDS), {})])),
+        Instrument("hostagent.process.cuda.sync.time", "counter", "s",
+                   "time in cuStreamSynchronize/cuCtxSynchronize/cuEventSynchronize",
+                   p(lambda c: [(c.cu_sync_ns / 1e9, {})])),
+        Instrument("hostagent.process.cuda.ctx.time", "counter", "s", "time in cuCtxPush/Pop/SetCurrent",
+                   p(lambda c: [(c.cu_ctx_ns / 1e9, {})])),
+        Instrument("hostagent.process.cuda.alloc.out_of_memory", "counter", "{error}",
+                   "device allocations that failed with CUDA_ERROR_OUT_OF_MEMORY",
+                   p(lambda c: [(c.cu_alloc_oom, {})])),
+    ]

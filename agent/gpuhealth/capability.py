@@ -1,25 +1,21 @@
 """GPU health: NVML samples (nvml.py, sampler threads) and Xid errors (xid.py), from the
-nvidia:nvidia_dev_xid tracepoint (bpf/health.bpf.c) when it is there, else NVML's Xid events (the
-fallback, so no Xid counts twice) -> GPU metrics, a request's GPU samples and Xid events.
-
-The health tracepoints' records (health.bpf.c) are decoded here (health_records.py) whatever their
-kind; the kinds other capabilities own (AER and link changes: pcie) go to the handlers the core
-registered for them. Everything here is read on the agent's thread from the sources' own snapshots:
-no NVML call happens on the agent's thread.
+nvidia:nvidia_dev_xid tracepoint (bpf/gpuhealth.bpf.c's raw copy, decoded by the core with its run-time
+format) when it is there, else NVML's Xid events (the fallback, so no Xid counts twice) -> GPU metrics,
+a request's GPU samples and Xid events. Everything here is read on the agent's thread from the sources'
+own snapshots: no NVML call happens on the agent's thread.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter, deque
+from collections import deque
 
-from ..core.capability import Evidence, SourceStatus
-from ..core.decode import TP_RAW, Route
-from ..core.tracefs import RecordError
+from ..core.capability import Capability, Evidence, SourceStatus
+from ..core.topology import normalize_bdf
 from . import telemetry as T
-from .health_records import HealthDecoder
-from .nvml import NvmlSampler, normalize_bdf
+from .nvml import NvmlSampler
+from .section import GpuSection
 from .xid import XidEvent, XidRecord, XidWatcher
 
 log = logging.getLogger("mcp_hostagent")
@@ -27,18 +23,23 @@ log = logging.getLogger("mcp_hostagent")
 KEEP_EVENTS = 256
 
 
-class GpuHealth:
-    def __init__(self, *, enabled: bool = True, sample_period_s: float = 1.0, slow_period_s: float = 10.0,
-                 nvml_module=None, rejected: Counter | None = None):
-        """rejected: the agent's refusals by reason (a health record that does not fit its format)."""
-        self.enabled = enabled
-        self.sampler = NvmlSampler(nvml_module, period_s=sample_period_s, slow_period_s=slow_period_s)
+class GpuHealth(Capability):
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        cfg, nvml_module = ctx.cfg, ctx.options.get("nvml_module")
+        self.enabled = cfg.gpu_enabled
+        self.sampler = NvmlSampler(nvml_module, period_s=cfg.gpu_sample_period_s, slow_period_s=cfg.gpu_slow_period_s)
         self.xid = XidWatcher(nvml_module)
         self.sources: dict[str, SourceStatus] = {}
         self.xids: deque = deque(maxlen=KEEP_EVENTS)  # recent XidEvent, for request span events
-        self.tp = HealthDecoder()
-        self.rejected: Counter = Counter() if rejected is None else rejected
-        self.record_handlers: dict[type, object] = {}  # decoded record type -> fn(record, t_ns) (pcie's)
+
+    def provided(self) -> dict:
+        return {"gpu.util_by_bdf": self.util_by_bdf, "gpu.gpus_of": self.gpus_of,
+                "gpu.processes": self.gpu_processes, "gpu.links": self.links,
+                "gpu.nvml_attached": lambda: self.sources.get("nvml", SourceStatus("", "")).state == "attached"}
+
+    def prepare(self) -> None:
+        self.warm()
 
     def warm(self) -> None:
         """Begin NVML's init (import pynvml, nvmlInit: most of start()'s ~0.1 s on the GPU hosts) in a
@@ -50,8 +51,10 @@ class GpuHealth:
             except RuntimeError:  # no thread (TasksMax): start() inits it
                 pass
 
-    def start(self, bpf_xid: bool = False) -> list[SourceStatus]:
-        """bpf_xid: the gpu_xid BPF probe is attached; NVML's Xid events would count each Xid again."""
+    def start(self) -> list[SourceStatus]:
+        """With the gpu_xid BPF probe attached, NVML's Xid events would count each Xid again: they are
+        its fallback only."""
+        bpf_xid = self.ctx.attached("gpu_xid")
         if not self.enabled:
             for name in ("nvml", "nvml_xid"):
                 self.sources[name] = SourceStatus(name, "disabled", "gpu.enabled = false")
@@ -75,27 +78,17 @@ class GpuHealth:
         """GPU PCI address -> SM utilisation % of the GPUs that answer (the link judge's load)."""
         return {s.pci_bus_id: s.util_gpu_pct for s in self.sampler.snapshot().values() if s.up}
 
-    # ---- health tracepoint records ----
-    def routes(self) -> dict[int, Route]:
-        return {t: r.with_handlers(self._on_record) for t, r in TP_RAW.items()}
+    def links(self) -> dict:
+        """GPU PCI address -> (gen, gen max, width, width max, utilisation %) as NVML last sampled them."""
+        return {s.pci_bus_id: (s.pcie_gen, s.pcie_gen_max, s.pcie_width, s.pcie_width_max, s.util_gpu_pct)
+                for s in self.sampler.snapshot().values()}
 
-    def _on_record(self, rec) -> None:
-        try:
-            self.on_tp_raw(rec)
-        except RecordError:
-            self.rejected["tracepoint_record"] += 1
+    def section(self):
+        return GpuSection(self.sampler, self.xid, self.xids, self.sources)
 
-    def on_tp_raw(self, rec):
-        """One decode.TpRaw from health.bpf.c. An Xid is ours; another kind goes to its handler, and
-        what that returns is returned (pcie's link episodes). Raises tracefs.RecordError for a record
-        that does not fit its format."""
-        ev = self.tp.decode(rec)
-        t_ns = rec.hdr.ts_ns  # bpf_ktime_get_ns(): CLOCK_MONOTONIC, as the NVML events' t_ns
-        if isinstance(ev, XidRecord):
-            self.on_xid(self._xid_event(t_ns, ev))
-            return []
-        handler = self.record_handlers.get(type(ev))
-        return handler(ev, t_ns) if handler is not None else []
+    # ---- the Xid tracepoint's raw copies (t_ns: bpf_ktime_get_ns(), CLOCK_MONOTONIC, as NVML's events) ----
+    def raw(self, kind: int, rec: XidRecord, t_ns: int) -> None:
+        self.on_xid(self._xid_event(t_ns, rec))
 
     def _xid_event(self, t_ns: int, x: XidRecord) -> XidEvent:
         bdf = normalize_bdf(x.dev)

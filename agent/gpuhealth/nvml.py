@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
-from ..pcie.sysfs import link_capacity_bytes_s
+from ..core.topology import link_capacity_bytes_s, normalize_bdf
 from . import nvlink
 from .nvlink import NvLinkState
 
@@ -60,21 +60,6 @@ def decode_throttle_reasons(mask: int | None) -> tuple[str, ...]:
     return tuple(names + ([f"unknown_{rest:#x}"] if rest else []))
 
 
-def normalize_bdf(bus_id: str | bytes | None) -> str | None:
-    """NVML's "00000000:00:06.0", sysfs's "0000:00:06.0" or a bare "00:06.0" -> "0000:00:06.0"."""
-    if bus_id is None:
-        return None
-    if isinstance(bus_id, bytes):
-        bus_id = bus_id.decode("ascii", "replace")
-    parts = bus_id.strip().lower().split(":")
-    try:
-        if len(parts) == 3:
-            return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
-        if len(parts) == 2:
-            return f"0000:{parts[0]}:{parts[1]}"
-    except ValueError:
-        pass
-    return bus_id.strip().lower()
 
 
 # --- the wrapper ---------------------------------------------------------------------------------

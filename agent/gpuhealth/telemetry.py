@@ -4,7 +4,7 @@ its GPUs (samples aggregated over it, Xid/PCIe/NIC events in it)."""
 from __future__ import annotations
 
 from ..core.capability import Evidence
-from ..pcie.sysfs import link_capacity_bytes_s
+from ..core.topology import link_capacity_bytes_s
 from ..telemetry.spec import EventSpec, Instrument
 
 

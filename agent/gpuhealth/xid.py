@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..core.tracefs import RecordError, TpField, TracepointFormat, decode_captured
-from .nvml import NA, TIMEOUT, Nvml, NvmlError, normalize_bdf
+from ..core.topology import normalize_bdf
+from .nvml import NA, TIMEOUT, Nvml, NvmlError
 
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError: eventData is the Xid number
 

@@ -1,7 +1,7 @@
-"""Zero-code HTTP requests: the records of bpf/http.bpf.c -> the requests capability's spans.
+"""Zero-code HTTP requests: the records of bpf/http.bpf.c -> the request path (core/request.py).
 
 BEGIN/END are paired by the joiner (join.py) into the FinishedRequest a marked request becomes, and
-handed to Requests.finish: the same evidence, span and duration metric. A connection stays in the
+handed to the request path: the same evidence, span and duration metric. A connection stays in the
 kernel's http_conn only while a request is in flight on it; those of processes that exited are
 removed here, their requests ended (exit closes fds without close(2), so the kernel sees no close),
 and requests idle past requests.idle_expiry_s are ended here as expired (their entries stay: the
@@ -19,8 +19,10 @@ import os
 import time
 
 from ..core import records as R
+from ..core.capability import Capability
 from .join import HttpJoiner
 from . import records
+from .records import C
 
 SCAN_S = 2.0  # between scans of the kernel's connection map
 MAX_CHECKED = 65536  # connections whose fd type is remembered (no sock tracepoints)
@@ -28,32 +30,39 @@ MAX_OWNERS = 8192  # bpf/common.bpf.c MCP_MAX_OWNERS
 READ_TELL_EVERY = 64  # BEGINs read between updates of http_owner_read inside one poll
 
 
-class Http:
-    def __init__(self, bpf, *, finish, idle_expiry_s: float, rejected, proc_root: str = "/proc",
-                 sock_tracepoints: bool = True):
-        """finish: Requests.finish (a FinishedRequest -> its span, metric and listeners)."""
-        self.bpf = bpf
-        self.finish = finish
-        self.idle_expiry_s = idle_expiry_s
-        self.proc_root = proc_root
-        self.sock_tracepoints = sock_tracepoints
-        self.joiner = HttpJoiner(rejected)
+class Http(Capability):
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.idle_expiry_s = ctx.cfg.requests_idle_expiry_s
+        self.proc_root = ctx.proc_root
+        self.sock_tracepoints = records.sock_tracepoints(ctx.cfg)
+        self.joiner = HttpJoiner(ctx.health.rejected)
         self._next_scan = 0.0
         self._checked: dict[tuple[int, int], bool] = {}  # (tgid, conn_id) -> its fd is a socket
         self._read_of: dict[tuple[int, int], int] = {}  # owner -> BEGINs read (since the agent started)
         self._told_owners: set = set()
         self._unsaid = 0
 
+    @property
+    def bpf(self):
+        return self.ctx.bpf
+
+    def finish(self, fr) -> None:
+        self.ctx.finish(fr)
+
+    def in_flight(self) -> int:
+        return len(self.joiner.open)
+
     def routes(self):
-        handlers = {R.C["MCP_EV_HTTP_BEGIN"]: self.on_begin, R.C["MCP_EV_HTTP_END"]: self.on_end}
+        handlers = {C["MCP_EV_HTTP_BEGIN"]: self.on_begin, C["MCP_EV_HTTP_END"]: self.on_end}
         return {t: r.with_handlers(handlers[t]) for t, r in records.DECODERS.items()}
 
-    def instruments(self):
-        return ()  # request spans and hostagent.request.duration are the requests capability's
-
     # ---- what was read of each owner: the kernel's pressure rule (http.bpf.c http_begin_ok) ----
-    def counting(self, on_event):
+    def ring(self, name: bytes, on_event):
         """The ring buffer callback for http_events (the BEGINs read by owner are counted in on_begin)."""
+        if name != b"http_events":
+            return on_event
+
         def cb(ctx, data, size) -> int:
             r = on_event(ctx, data, size)
             if self._unsaid >= READ_TELL_EVERY:
@@ -108,18 +117,13 @@ class Http:
 
     def _forget_conn(self, tgid: int, fd: int, conn_id: int) -> None:
         conns = self.bpf[b"http_conn"]
-        k = R.HttpConnKey(tgid, fd)
+        k = records.HttpConnKey(tgid, fd)
         c = conns.get(k)
         if c is not None and c.conn_id == conn_id:
             try:
                 del conns[k]
             except KeyError:
                 pass
-
-    def root_of(self, tgid: int) -> int | None:
-        """requests.group = tree: the root of the process tree tgid serves in, if any."""
-        v = self.bpf[b"tree_root"].get(ctypes.c_uint32(tgid))
-        return None if v is None else v.value
 
     # ---- periodic ----
     def tick(self) -> None:

@@ -1,9 +1,10 @@
-"""HTTP BEGIN + END records -> FinishedRequest (requests/join.py), the same shape a marked request has,
+"""HTTP BEGIN + END records -> FinishedRequest (core/request.py), the same shape a marked request has,
 so that every capability's evidence and the request span apply unchanged. Pure: no I/O, no clocks.
 
 A request's counters are differences of the kernel's running totals between its BEGIN and its END:
   the request's thread (the one that read its head's end): FinishedRequest.counters, as a marked request's;
-  its process and its serving group (cgroup or process tree): span attributes (requests/telemetry.py).
+  its process and its serving group (cgroup or process tree): FinishedRequest.scopes, whose span
+  attributes each counter's capability renders (core/request.py).
 Requests in flight at once share those figures: hostagent.request.{thread,process,group}.concurrency
 say how many were in flight at most, in that scope, while this one was (1: the figures are its own).
 An END with reason "closed" ends every request still open on its connection from its seq on (the
@@ -16,9 +17,9 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
+from ..core import traceparent as tp
 from ..core.decode import Counters
-from ..requests import traceparent as tp
-from ..requests.join import FinishedRequest
+from ..core.request import FinishedRequest
 from . import parse
 from .records import HttpBegin, HttpEnd
 
@@ -147,7 +148,7 @@ class HttpJoiner:
 
     def _finish(self, o: _Open | None, tgid, tid, conn_id, seq, comm, begin_ns, end_ns, reason,
                 end: HttpEnd | None, answered: bool = True) -> FinishedRequest:
-        attrs: dict = {"hostagent.request.source": "http", "network.protocol.name": "http",
+        attrs: dict = {"network.protocol.name": "http",
                        "hostagent.http.connection.fd": end.fd if end else o.rec.fd}
         counters = Counters()
         scopes = []
@@ -204,4 +205,5 @@ class HttpJoiner:
             if end.status:
                 attrs["http.response.status_code"] = end.status
         return FinishedRequest(tgid, tid, request_id(conn_id, seq), comm, cgroup_id, begin_ns, end_ns, parent,
-                               state, reason, counters, attributes=attrs, scopes=tuple(scopes), http_status=status)
+                               state, reason, counters, attributes=attrs, scopes=tuple(scopes), http_status=status,
+                               source="http")

@@ -6,19 +6,21 @@ from __future__ import annotations
 import logging
 from collections import Counter, deque
 
-from ..core.capability import Evidence, SourceStatus
+from ..core.capability import Capability, Evidence, SourceStatus
 from ..telemetry.spec import EventSpec
 from . import telemetry as T
 from .netlink import NicWatcher
+from .section import NicSection
 
 log = logging.getLogger("mcp_hostagent")
 
 KEEP_EVENTS = 256
 
 
-class Nic:
-    def __init__(self, *, enabled: bool = True, sysfs_root: str = "/sys"):
-        self.nics = NicWatcher(sysfs_root=sysfs_root) if enabled else None
+class Nic(Capability):
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.nics = NicWatcher(sysfs_root=ctx.sysfs_root) if ctx.cfg.nic_enabled else None
         self.sources: dict[str, SourceStatus] = {}
         self.nic_events: deque = deque(maxlen=KEEP_EVENTS)  # drained LinkEvents, newest last
         self.nic_counts: Counter = Counter()  # (ifname, kind) -> count
@@ -31,6 +33,9 @@ class Nic:
             self.sources["nic_netlink"] = SourceStatus("nic_netlink", "attached" if ok else "missing",
                                                        "" if ok else (getattr(self.nics, "reason", None) or "netlink unavailable"))
         return list(self.sources.values())
+
+    def section(self):
+        return NicSection(self)
 
     def tick(self) -> None:
         """Drain the watcher's events (its own thread reads netlink)."""

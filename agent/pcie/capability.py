@@ -1,9 +1,9 @@
 """PCIe: link state and AER counters of each GPU's path from sysfs, the downtraining rule, and the
-AER / link-change tracepoint records (bpf/health.bpf.c, decoded by gpuhealth's health decoder and
-handed here) -> link episode spans that requests on that GPU link to, events and metrics.
+AER / link-change tracepoint records (bpf/pcie.bpf.c's raw copies, decoded by the core with their
+run-time formats) -> link episode spans that requests on that GPU link to, events and metrics.
 
 The judge needs each GPU's utilisation (a slow link only counts under load) and a request's GPUs:
-both come from NVML through the functions gpuhealth gives at construction.
+both come from NVML, as the inputs gpu.util_by_bdf and gpu.gpus_of (gpuhealth provides them).
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 from collections import Counter, deque
 
-from ..core.capability import Evidence, SourceStatus
-from ..gpuhealth.nvml import normalize_bdf
+from ..core.capability import Capability, Evidence, SourceStatus
+from ..core.topology import normalize_bdf
 from . import telemetry as T
-from .episodes import LINK_BUSY_UTIL_PCT, LinkEpisode, LinkJudge
-from .records import AerRecord, LinkEventRecord
+from .episodes import LinkEpisode, LinkJudge
+from .records import C, AerRecord, LinkEventRecord
+from .section import PcieSection
 from .sysfs import PciePoller
 
 log = logging.getLogger("mcp_hostagent")
@@ -24,13 +25,15 @@ KEEP_EVENTS = 256
 REPOLL_MIN_NS = 100_000_000  # a burst of link events re-polls sysfs at most this often; the tick polls anyway
 
 
-class Pcie:
-    def __init__(self, *, sysfs_root: str = "/sys", busy_util_pct: float = LINK_BUSY_UTIL_PCT,
-                 util=lambda: {}, gpus_of=lambda pid: {}):
-        """util() -> {GPU bdf: utilisation %} now; gpus_of(pid) -> {GPU index: bdf} of its contexts."""
-        self.poller = PciePoller(sysfs_root)
-        self.judge = LinkJudge(busy_util_pct=busy_util_pct)
-        self.util, self.gpus_of = util, gpus_of
+class Pcie(Capability):
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.poller = PciePoller(ctx.sysfs_root)
+        self.busy_util_pct = ctx.cfg.pcie_busy_util_pct
+        self.judge = LinkJudge(busy_util_pct=self.busy_util_pct)
+        # {GPU bdf: utilisation %} now; pid -> {GPU index: bdf} of its contexts
+        self.util = ctx.inputs.get("gpu.util_by_bdf", lambda: {})
+        self.gpus_of = ctx.inputs.get("gpu.gpus_of", lambda pid: {})
         self.sources: dict[str, SourceStatus] = {}
         self.last_pcie = None
         self.pcie_events: deque = deque(maxlen=KEEP_EVENTS)  # (name, t_ns, bdf, attributes) from tracepoints
@@ -39,8 +42,10 @@ class Pcie:
         self.links: T.LinkEpisodeSpans | None = None  # once the agent has telemetry
         self.episode_listeners: list = []  # called with each LinkEpisode (the top snapshot)
 
-    def start(self, enabled: bool = True) -> list[SourceStatus]:
-        if not enabled:
+    def start(self) -> list[SourceStatus]:
+        if self.ctx.telemetry is not None:
+            self.links = T.LinkEpisodeSpans(self.ctx.telemetry)
+        if not self.ctx.cfg.gpu_enabled:
             self.sources["pcie_sysfs"] = SourceStatus("pcie_sysfs", "disabled", "gpu.enabled = false")
         else:
             try:
@@ -50,8 +55,10 @@ class Pcie:
                 self.sources["pcie_sysfs"] = SourceStatus("pcie_sysfs", "missing", f"read /sys/bus/pci: {e}")
         return list(self.sources.values())
 
-    def attach_telemetry(self, telemetry) -> None:
-        self.links = T.LinkEpisodeSpans(telemetry)
+    def section(self):
+        sec = PcieSection(lambda: self.last_pcie, self.ctx.inputs.get("gpu.links", lambda: {}), self.busy_util_pct)
+        self.episode_listeners.append(sec.on_link_episode)
+        return sec
 
     def tick(self) -> list[LinkEpisode]:
         return self.poll_links()
@@ -78,7 +85,13 @@ class Pcie:
                 listen(ep)
         return episodes
 
-    # ---- tracepoint records (health.bpf.c), decoded by gpuhealth ----
+    # ---- tracepoint records (pcie.bpf.c's raw copies, decoded by the core) ----
+    def raw(self, kind: int, rec, t_ns: int) -> None:
+        if kind == C["MCP_TP_AER_EVENT"]:
+            self.on_aer(rec, t_ns)
+        else:
+            self.on_link_event(rec, t_ns)
+
     def on_aer(self, ev: AerRecord, t_ns: int) -> list[LinkEpisode]:
         """An AER error: to the judge (counted at the next poll) and to the events on the GPU's path."""
         bdf = normalize_bdf(ev.dev)

@@ -1,5 +1,6 @@
-"""Decoders of the PCIe tracepoints' raw records: ras:aer_event -> AerRecord, pci:pcie_link_event ->
-LinkEventRecord, with the layouts derived from kernel source standing in when tracefs gives none. Pure.
+"""Decoders of the PCIe tracepoints' raw records (bpf/pcie.bpf.c, kinds in bpf/pcie.h): ras:aer_event ->
+AerRecord, pci:pcie_link_event -> LinkEventRecord, with the layouts derived from kernel source standing
+in when tracefs gives none. Pure.
 """
 
 from __future__ import annotations
@@ -7,8 +8,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..core import records as R
 from ..core.tracefs import RecordError, TracepointFormat, decode_captured, parse_format
 from .sysfs import gen_of
+
+C = R.header_constants("pcie.h")
 
 
 # ras:aer_event and pci:pcie_link_event: no host we could record on has them (tests/fixtures/gpu:

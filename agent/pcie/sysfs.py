@@ -35,19 +35,6 @@ def gen_of(speed_gts: float | None) -> int | None:
     return GEN_BY_GTS.get(speed_gts) if speed_gts is not None else None
 
 
-# Bytes per second one lane carries each way, after line coding: 8b/10b for Gen1-2, 128b/130b for
-# Gen3-5, and Gen6's FLITs (242 of each 256 bytes are payload and sequence/CRC overhead aside, PCIe 6.0 spec)
-_LANE_BYTES_S = {1: 2.5e9 * 8 / 10 / 8, 2: 5e9 * 8 / 10 / 8, 3: 8e9 * 128 / 130 / 8, 4: 16e9 * 128 / 130 / 8,
-                 5: 32e9 * 128 / 130 / 8, 6: 64e9 * 242 / 256 / 8}
-
-
-def link_capacity_bytes_s(gen: int | None, width: int | None) -> float | None:
-    """What a link carries per direction at this generation and width (Gen5 x16: 63.0 GB/s), before
-    TLP headers; None when either is unknown."""
-    lane = _LANE_BYTES_S.get(gen) if gen else None
-    return lane * width if lane and width and width > 0 else None
-
-
 def parse_aer(text: str) -> dict[str, int]:
     """An aer_dev_* file -> {"RxErr": 0, ..., "TOTAL_ERR_COR": 0}; malformed lines are skipped."""
     out = {}

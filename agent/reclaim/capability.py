@@ -1,5 +1,6 @@
-"""Reclaim: kswapd intervals, the storm rule per scope (host, each memory cgroup), storm spans and
-the host reclaim metrics (bpf/reclaim.bpf.c; the rule itself is rule.py, pure).
+"""Reclaim: kswapd intervals, the storm rule per scope (host, each memory cgroup), storm spans, a
+request's stalls as its child spans, OOM kills, and the host reclaim metrics (bpf/reclaim.bpf.c; the
+rule itself is rule.py, pure).
 
 Once a window (reclaim.window_s) the kernel's totals (reclaim_totals, reclaim_by_tgid, stall_hist),
 kswapd's intervals and the kernel's own accounting in /proc (vmstat, PSI, kswapd CPU) become one
@@ -10,19 +11,23 @@ that overlap it link to it.
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections import Counter, OrderedDict, deque
 from dataclasses import replace
-from collections import Counter, deque
 
-from ..core import records as R
-from ..core.capability import Evidence
+from ..core.capability import Capability, Evidence
 from ..core.decode import Route
 from ..telemetry.spec import EventSpec, LinkSpec
 from . import memstat, oom, records, telemetry as T
+from .records import C
 from .rule import Episode, KswapdTracker, StormDetector, Thresholds, Window, in_reclaim
+from .section import ReclaimSection
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-RT = {name[len("MCP_RT_"):].lower(): v for name, v in R.C.items() if name.startswith("MCP_RT_") and name != "MCP_RT_MAX"}
+RT = {name[len("MCP_RT_"):].lower(): v for name, v in C.items() if name.startswith("MCP_RT_") and name != "MCP_RT_MAX"}
+MAX_STALLS_PER_REQUEST = 64  # child spans per request; the counters on the request span still sum all
+MAX_STALLED_REQUESTS = 4096  # requests with stalls waiting for their END (an END lost: the oldest go)
 KEEP_CLOSED_STORMS = 32  # closed episodes kept for request spans that end later and overlap them
 MAX_RECENT_REQUESTS = 100_000  # finished requests kept for the storm that may yet open over them
 MAX_STORM_LINKS = 128  # the SDK's default link limit per span (OTEL_SPAN_LINK_COUNT_LIMIT)
@@ -34,15 +39,19 @@ def storm_thresholds(cfg) -> Thresholds:
                       cfg.reclaim_storm_memcg_ms_per_s, 1, cfg.reclaim_storm_close_windows)
 
 
-class Reclaim:
-    def __init__(self, bpf, cfg, *, telemetry, registry, proc_root: str = "/proc", kswapd_attached: bool = True):
-        self.bpf = bpf
-        self.cfg = cfg
-        self.telemetry = telemetry
-        self.registry = registry  # core.identity.ProcessRegistry: a task's memory cgroup
-        self.proc_root = proc_root
-        self.kswapd_attached = kswapd_attached
+class Reclaim(Capability):
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.cfg = cfg = ctx.cfg
+        self.telemetry = None  # start()
+        self.registry = getattr(ctx.processes, "registry", None)  # core.identity.ProcessRegistry: a task's memory cgroup
+        self.proc_root = ctx.proc_root
+        self.kswapd_attached = True
         self.kswapd = KswapdTracker()
+        self.kswapd_pids = memstat.KswapdThreads(ctx.proc_root)
+        # a request's stalls over the threshold, (tgid, tid, request id) -> [ReclaimStall], in order:
+        # the kernel tied each to the thread's open marked request (request_id != 0)
+        self.stalls: OrderedDict[tuple, list] = OrderedDict()
         self.storms: dict[str, StormDetector] = {"host": StormDetector("host", storm_thresholds(cfg))}
         self.episodes: list[tuple[int, Episode]] = []  # (span key number, episode): open ones and recent closed
         self._n = 0
@@ -56,17 +65,54 @@ class Reclaim:
         self._paths: dict[int, str] = {}  # tgid -> memory cgroup path, for this window's scope checks
         self.oom_kills: deque = deque(maxlen=KEEP_OOM_KILLS)  # (victim tgid, OomKill)
         self.oom_counts: Counter = Counter()  # scope -> kills since start
-        self._mem_total = oom.mem_total_bytes(proc_root)
+        self._mem_total = oom.mem_total_bytes(ctx.proc_root)
+
+    @property
+    def bpf(self):
+        return self.ctx.bpf
+
+    def start(self) -> list:
+        self.telemetry = self.ctx.telemetry
+        self.kswapd_attached = self.ctx.attached("kswapd_wake")
+        try:  # the kswapd threads, found once off the agent's thread (its ticks walk no /proc)
+            threading.Thread(target=self.kswapd_pids.find, name="mcp-kswapd-find", daemon=True).start()
+        except RuntimeError:  # no thread (TasksMax): learnt from the kswapd records alone
+            pass
+        self.close_window()  # the baseline of the reclaim totals: the first window counts from here
+        return []
 
     def routes(self) -> dict[int, Route]:
-        kswapd = R.C["MCP_EV_KSWAPD"]
-        return {t: r.with_handlers(self.on_kswapd) if t == kswapd else r for t, r in records.DECODERS.items()}
+        handlers = {C["MCP_EV_KSWAPD"]: self.on_kswapd, C["MCP_EV_RECLAIM_STALL"]: self.on_stall}
+        return {t: r.with_handlers(handlers[t]) for t, r in records.DECODERS.items()}
+
+    def raw(self, kind: int, rec, t_ns: int) -> None:
+        self.on_oom(rec, t_ns)  # its one raw kind: oom:mark_victim
 
     def instruments(self):
-        return T.INSTRUMENTS
+        return [*T.INSTRUMENTS, *T.process_instruments(self.ctx.processes)]
+
+    def section(self):
+        return ReclaimSection(self.kswapd, self.open_storms, self.ctx.proc_root, self.ctx.sysfs_root)
+
+    def on_stall(self, rec: records.ReclaimStall) -> None:
+        """A stall the kernel tied to the thread's open request: a child span of that request's."""
+        if not rec.request_id:
+            return
+        key = (rec.hdr.tgid, rec.hdr.tid, rec.request_id)
+        lst = self.stalls.get(key)
+        if lst is None:
+            lst = self.stalls[key] = []
+            while len(self.stalls) > MAX_STALLED_REQUESTS:
+                self.stalls.popitem(last=False)
+                self.ctx.health.rejected["stall_spans_orphaned"] += 1
+        if len(lst) < MAX_STALLS_PER_REQUEST:
+            lst.append(rec)
+        else:
+            self.ctx.health.rejected["stall_spans_truncated"] += 1
 
     def on_kswapd(self, rec: records.Kswapd) -> None:
         (self.kswapd.wake if rec.awake else self.kswapd.sleep)(rec.nid, rec.hdr.ts_ns)
+        self.kswapd_pids.learn(rec.nid, rec.hdr.tid, rec.hdr.comm)
 
     def open_storms(self) -> list[Episode]:
         return [ep for _, ep in self.episodes if not ep.closed]
@@ -84,9 +130,10 @@ class Reclaim:
                      EventSpec("hostagent.reclaim_storm", max(fr.begin_ns, ep.start_ns), {"hostagent.storm.scope": ep.scope}),
                      ("hostagent.storm.trace_id", "hostagent.storm.span_id"))
             for n, ep in self.episodes if self._hit(ep, fr.tgid, fr.begin_ns, fr.end_ns))
-        return Evidence(attrs, links) + self.oom_evidence(fr)
+        stalls = self.stalls.pop((fr.tgid, fr.tid, fr.request_id), ())
+        return Evidence(attrs, links, children=tuple(T.stall_span(st) for st in stalls)) + self.oom_evidence(fr)
 
-    # ---- OOM kills (oom.py; the record comes decoded from gpuhealth's tracepoint copies) ----
+    # ---- OOM kills (oom.py; oom:mark_victim's raw copy, decoded by the core with its format) ----
     def on_oom(self, kill: oom.OomKill, t_ns: int) -> list:
         """A kill: its scope from the victim's memory cgroup limit (the trigger's when the victim is
         gone already), kept for the requests it ended or shared a cgroup with, and counted."""
@@ -149,7 +196,7 @@ class Reclaim:
             events.append(EventSpec("hostagent.oom_kill", k.ts_ns, {**k.attributes(), "hostagent.oom.own_process": own}))
         return Evidence(attrs, (), tuple(events))
 
-    def on_request(self, fr, ctx) -> None:
+    def on_request(self, fr, span, ctx) -> None:
         """Each finished request, with its span's context: kept for the storms decided after it."""
         c = fr.counters
         self.recent.append((ctx, fr.tgid, fr.begin_ns, fr.end_ns, bool(c.direct_reclaims or c.memcg_reclaims)))
@@ -194,7 +241,7 @@ class Reclaim:
         prev = self._win_prev
         totals = [sum(v) for _, v in sorted(b[b"reclaim_totals"].items(), key=lambda kv: kv[0].value)]
         vm = memstat.read_vmstat(self.proc_root)
-        cpu = memstat.kswapd_cpu_ticks(self.proc_root)
+        cpu = self.kswapd_pids.cpu_ticks()
         psi = memstat.read_psi(f"{self.proc_root}/pressure/memory")
         by_tgid = {k.value: (v.direct_reclaim_ns, v.memcg_reclaim_ns) for k, v in b[b"reclaim_by_tgid"].items()}
         self._win_prev = {"totals": totals, "vm": vm, "cpu": cpu, "tgid": by_tgid}
@@ -269,6 +316,8 @@ class Reclaim:
 
     def stop(self) -> None:
         """An episode still open at exit is exported, marked unfinished."""
+        if self.telemetry is None:
+            return
         for n, ep in self.episodes:
             if not ep.closed:
                 self._link_victims(n, ep)

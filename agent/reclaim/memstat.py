@@ -61,17 +61,53 @@ def read_psi(path: str = "/proc/pressure/memory") -> dict[str, dict[str, float]]
     return parse_psi(read_text(path))
 
 
-def kswapd_cpu_ticks(proc_root: str = "/proc") -> dict[int, int]:
-    """node -> utime+stime (clock ticks) of each kswapdN kernel thread, from /proc/PID/stat."""
-    out = {}
-    for name in os.listdir(proc_root):
-        if not name.isdigit():
-            continue
-        comm = read_text(f"{proc_root}/{name}/comm").strip()
-        if not comm.startswith("kswapd") or not comm[6:].isdigit():
-            continue
-        stat = read_text(f"{proc_root}/{name}/stat")
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 12:
-            out[int(comm[6:])] = int(fields[11]) + int(fields[12])
-    return out
+def _stat_ticks(proc_root: str, pid: int) -> tuple[str, int] | None:
+    """(comm, utime+stime in clock ticks) of a task, from /proc/PID/stat; None when it is gone."""
+    stat = read_text(f"{proc_root}/{pid}/stat")
+    head, _, rest = stat.rpartition(")")
+    fields = rest.split()
+    if not head or len(fields) <= 12:
+        return None
+    return head.partition("(")[2], int(fields[11]) + int(fields[12])
+
+
+def _kswapd_node(comm: str) -> int | None:
+    return int(comm[6:]) if comm.startswith("kswapd") and comm[6:].isdigit() else None
+
+
+class KswapdThreads:
+    """node -> its kswapdN kernel thread, and their CPU time, without a walk of /proc per window. The
+    pids are learnt from the kswapd records (kswapd runs mm_vmscan_kswapd_wake and _sleep itself:
+    mm/vmscan.c kswapd(), kswapd_try_to_sleep()) and found once by a walk at start, on a thread of its
+    own (find), for the nodes whose kswapd has not woken since; a pid whose comm no longer says kswapdN
+    is dropped (node offlined: its thread stopped)."""
+
+    def __init__(self, proc_root: str = "/proc"):
+        self.proc_root = proc_root
+        self.pids: dict[int, int] = {}
+
+    def learn(self, node: int, pid: int, comm: bytes) -> None:
+        if self.pids.get(node) != pid and _kswapd_node(comm.decode("ascii", "replace")) == node:
+            self.pids[node] = pid
+
+    def find(self) -> None:
+        try:
+            names = os.listdir(self.proc_root)
+        except OSError:
+            return
+        for name in names:
+            if name.isdigit():
+                node = _kswapd_node(read_text(f"{self.proc_root}/{name}/comm").strip())
+                if node is not None:
+                    self.pids.setdefault(node, int(name))
+
+    def cpu_ticks(self) -> dict[int, int]:
+        """node -> utime+stime (clock ticks) of its kswapd thread."""
+        out = {}
+        for node, pid in list(self.pids.items()):
+            got = _stat_ticks(self.proc_root, pid)
+            if got is None or _kswapd_node(got[0]) != node:
+                self.pids.pop(node, None)
+                continue
+            out[node] = got[1]
+        return out

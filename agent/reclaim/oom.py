@@ -1,4 +1,4 @@
-"""OOM kills from oom:mark_victim (bpf/health.bpf.c copies the record; decoded with the format tracefs
+"""OOM kills from oom:mark_victim (bpf/reclaim.bpf.c copies the record; decoded with the format tracefs
 gives at run time, like the GPU and PCIe health events). Pure but for reading a cgroup's limit.
 
 mark_victim fires once per OOM kill, global or memcg (mm/oom_kill.c mark_oom_victim(), called by
@@ -49,7 +49,7 @@ class OomKill:
     file_rss_kb: int | None
     shmem_rss_kb: int | None
     oom_score_adj: int | None
-    trigger: int = 0  # tid whose allocation failed: common_pid, which health_records rebuilds from the BPF header
+    trigger: int = 0  # tid whose allocation failed: common_pid, which core/rawtp.py rebuilds from the BPF header
     ts_ns: int = 0
     scope: str = "unknown"  # memcg | host | unknown (the capability decides: module docstring)
 

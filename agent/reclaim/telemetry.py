@@ -85,3 +85,28 @@ def window_rows(t: dict, hist: dict, ratios: dict, kswapd_cpu: dict, psi: dict, 
         "system.paging.faults": [(vm.get("pgfault", 0) - vm.get("pgmajfault", 0), {"system.paging.fault.type": "minor"}),
                                  (vm.get("pgmajfault", 0), {"system.paging.fault.type": "major"})],
     }
+
+
+STALL_SPAN = "hostagent.reclaim.stall"
+
+
+def stall_span(stall) -> SpanSpec:
+    """One stall over the threshold inside a request: a child span of the request's."""
+    return SpanSpec(STALL_SPAN, stall.begin_ns, stall.hdr.ts_ns, {
+        "thread.id": stall.hdr.tid, "hostagent.reclaim.kind": stall.kind, "hostagent.reclaim.pages": stall.nr_reclaimed,
+        "hostagent.reclaim.order": stall.order, "hostagent.reclaim.gfp_flags": f"0x{stall.gfp_flags:x}",
+        "hostagent.reclaim.stall.time": stall.stall_ns / 1e9})
+
+
+def process_instruments(processes) -> list[Instrument]:
+    """Reclaim's kernel counters per watched process (core/processes.py rows)."""
+    p = processes.per_process
+    return [
+        Instrument("hostagent.process.reclaim.stall.time", "counter", "s",
+                   "time the process's threads stalled in reclaim",
+                   p(lambda c: [(c.direct_reclaim_ns / 1e9, {"hostagent.reclaim.kind": "direct"}),
+                                (c.memcg_reclaim_ns / 1e9, {"hostagent.reclaim.kind": "memcg"})])),
+        Instrument("hostagent.process.reclaim.stalls", "counter", "{stall}", "reclaim stalls of the process's threads",
+                   p(lambda c: [(c.direct_reclaims, {"hostagent.reclaim.kind": "direct"}),
+                                (c.memcg_reclaims, {"hostagent.reclaim.kind": "memcg"})])),
+    ]

@@ -1,8 +1,9 @@
-"""Requests: the marked windows of serving threads (bpf/requests.bpf.c) -> request spans.
+"""Requests: the marked windows of serving threads (bpf/requests.bpf.c) -> the request path.
 
-BEGIN/END/EXIT records are paired by the joiner (join.py); a finished request gathers the other
-capabilities' evidence for its window (core/capability.py) and becomes one span with its stalls as
-children (telemetry.py). Requests whose END never comes are expired here from the kernel map.
+BEGIN/END/EXIT records are paired by the joiner (join.py) into FinishedRequests for the core's request
+path (core/request.py: every capability's evidence, one span, the duration metric). Requests whose END
+never comes are expired here from the kernel map. The kernel's pressure rule needs to know how far the
+reader is behind: the records read from req_events are told back (req_flow[MCP_FLOW_CONSUMED]).
 """
 
 from __future__ import annotations
@@ -10,89 +11,95 @@ from __future__ import annotations
 import ctypes
 import time
 
-from ..core import records as R
-from ..core.capability import NONE
-from ..core.decode import Route, counters_from
-from ..core.health import AgentHealth
-from . import owners, records, telemetry as T
+from ..core.capability import Capability, CapabilityError
+from ..core.decode import counters_from
+from . import owners, records, telemetry
 from .join import RequestJoiner
+from .records import C
+from .section import RequestsSection
 
 EXPIRY_SCAN_S = 5.0
 # records read from req_events between updates of req_flow[CONSUMED] inside one poll (a map write)
 REQ_READ_TELL_EVERY = 64
 
 
-class Requests:
-    def __init__(self, bpf, *, idle_expiry_s: float, health: AgentHealth, processes, telemetry,
-                 evidence=(), listeners=()):
-        """evidence: functions of a FinishedRequest -> core.capability.Evidence (what the other
-        capabilities saw in its window), merged in order; listeners: called with each FinishedRequest
-        and its span's context (for links to it made later: a storm's to its victims)."""
-        self.bpf = bpf
-        self.idle_expiry_s = idle_expiry_s
-        self.joiner = RequestJoiner(health.rejected)  # one Counter for every user-space refusal
-        self.health = health
-        self.processes = processes
-        self.telemetry = telemetry
-        self.evidence = list(evidence)
-        self.listeners = list(listeners)
+class Requests(Capability):
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.idle_expiry_s = ctx.cfg.requests_idle_expiry_s
+        self.joiner = RequestJoiner(ctx.health.rejected)  # one Counter for every user-space refusal
+        self._allow = []
         self._next_expiry = 0.0
         self._read = self._told = 0  # records read from req_events; the count last written to the kernel
 
-    def routes(self) -> dict[int, Route]:
-        handlers = {R.C["MCP_EV_REQ_BEGIN"]: (self.on_begin,), R.C["MCP_EV_REQ_END"]: (self.on_end,),
-                    R.C["MCP_EV_PROC_EXIT"]: (self.on_exit, self.processes.on_exit)}
+    def prepare(self) -> None:
+        try:
+            self._allow = owners.allowed_owners(self.ctx.cfg)
+        except owners.OwnerError as e:
+            raise CapabilityError(str(e)) from None
+
+    def loaded(self) -> None:
+        """Before any probe sees a marker: the maps exist from the load on."""
+        owners.write_allow(self.ctx.bpf, self._allow)
+
+    def provided(self) -> dict:
+        return {"requests.tree_root": self.root_of}
+
+    def root_of(self, tgid: int) -> int | None:
+        """requests.group = tree: the root of the process tree tgid serves in, if any (map tree_root)."""
+        v = self.ctx.bpf[b"tree_root"].get(ctypes.c_uint32(tgid))
+        return None if v is None else v.value
+
+    def routes(self) -> dict:
+        handlers = {C["MCP_EV_REQ_BEGIN"]: (self.on_begin,), C["MCP_EV_REQ_END"]: (self.on_end,),
+                    C["MCP_EV_PROC_EXIT"]: (self.on_exit, self.ctx.processes.on_exit)}
         return {t: r.with_handlers(*handlers[t]) for t, r in records.DECODERS.items()}
 
-    def handlers(self) -> dict[int, object]:
-        """Records of other capabilities this one consumes: reclaim stalls inside a request."""
-        return {R.C["MCP_EV_RECLAIM_STALL"]: self.joiner.on_stall}
+    def instruments(self) -> list:
+        return telemetry.process_instruments(self.ctx.processes)
 
-    def instruments(self):
-        return T.INSTRUMENTS
+    def section(self):
+        return RequestsSection()
 
     # ---- the reader's lag: the kernel's pressure rule (requests.bpf.c) ----
-    def counting(self, on_event):
-        """The ring buffer callback for req_events: on_event, counting what was read."""
+    def ring(self, name: bytes, callback):
+        if name != b"req_events":
+            return callback
+
         def cb(ctx, data, size) -> int:
             self._read += 1
             if self._read - self._told >= REQ_READ_TELL_EVERY:
                 self.tell_consumed()  # within a long poll too: a stale count reads as lag, and refuses begins
-            return on_event(ctx, data, size)
+            return callback(ctx, data, size)
         return cb
+
+    def in_flight(self) -> int:
+        return len(self.joiner.open)
+
+    def polled(self) -> None:
+        self.tell_consumed()
 
     def tell_consumed(self) -> None:
         if self._read != self._told:
             # the kernel compares it with what it reserved: the reader's lag (enum mcp_req_flow)
-            self.bpf[b"req_flow"][ctypes.c_int(R.C["MCP_FLOW_CONSUMED"])] = ctypes.c_uint64(self._read)
+            self.ctx.bpf[b"req_flow"][ctypes.c_int(C["MCP_FLOW_CONSUMED"])] = ctypes.c_uint64(self._read)
             self._told = self._read
 
     # ---- records ----
     def on_begin(self, rec: records.ReqBegin) -> None:
         self.joiner.on_begin(rec)
-        self.processes.attrs(rec.hdr.tgid, rec.hdr.comm)  # while it surely lives
+        self.ctx.processes.attrs(rec.hdr.tgid, rec.hdr.comm)  # while it surely lives
 
     def on_end(self, rec: records.ReqEnd) -> None:
-        self.finish(self.joiner.on_end(rec))
+        self.ctx.finish(self.joiner.on_end(rec))
         if rec.reason == "thread_exit" and rec.hdr.tid == rec.hdr.tgid:
             # the process is exiting: without a proc_stats entry it sends no PROC_EXIT, and a
             # process started at its pid within IDENTITY_TTL_S would get this one's identity
-            self.processes.forget(rec.hdr.tgid)
+            self.ctx.processes.forget(rec.hdr.tgid)
 
     def on_exit(self, rec: records.ProcExit) -> None:
         for fr in self.joiner.on_proc_exit(rec):
-            self.finish(fr)
-
-    def finish(self, fr) -> None:
-        proc_attrs = self.processes.attrs(fr.tgid, fr.comm)
-        ev = NONE
-        for of in self.evidence:
-            ev = ev + of(fr)
-        ctx = self.telemetry.span(T.request_span(fr, proc_attrs, ev))
-        self.telemetry.record(T.DURATION, *T.duration_row(fr, proc_attrs))
-        self.health.requests[fr.end_reason] += 1
-        for listen in self.listeners:
-            listen(fr, ctx)
+            self.ctx.finish(fr)
 
     # ---- periodic ----
     def tick(self) -> None:
@@ -102,7 +109,7 @@ class Requests:
             self.expire()
 
     def expire(self) -> None:
-        b = self.bpf
+        b = self.ctx.bpf
         idle_ns = int(self.idle_expiry_s * 1e9)
         now_ns = time.monotonic_ns()
         reqs, tgids = b[b"req_by_tid"], b[b"tgid_state"]
@@ -121,6 +128,6 @@ class Requests:
                 ts.open -= 1
                 owners.update_existing(tgids, ctypes.c_uint32(st.tgid), ts)
                 owners.release_open(b, ts)
-            self.finish(self.joiner.on_expired(st.tgid, k.value, st.request_id, st.begin_ns, now_ns,
-                                               counters_from(st.c)))
+            self.ctx.finish(self.joiner.on_expired(st.tgid, k.value, st.request_id, st.begin_ns, now_ns,
+                                                   counters_from(st.c)))
         self.joiner.drop_orphans(now_ns - idle_ns, live)

@@ -1,4 +1,5 @@
-"""Join request begin/end records into finished requests. Pure: no I/O, no clocks, no BPF.
+"""Join request begin/end records into finished requests (core/request.py). Pure: no I/O, no clocks,
+no BPF.
 
 The kernel keeps the authoritative thread -> request state and accumulates the counters; this module
 pairs the BEGIN record (traceparent, comm, cgroup) with the END record (counters, reason), and ends
@@ -9,53 +10,16 @@ Every oddity is counted in `rejected` by reason, never raised.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 
+from ..core import traceparent as tp
 from ..core.decode import Counters
-from ..reclaim.records import ReclaimStall
-from . import traceparent as tp
+from ..core.request import FinishedRequest
 from .records import ProcExit, ReqBegin, ReqEnd
-
-MAX_STALLS_PER_REQUEST = 64  # child spans per request; the counters on the request span still sum all
-ERROR_REASONS = {"thread_exit", "process_exit", "expired", "id_mismatch", "superseded"}
-
-
-@dataclass(frozen=True)
-class FinishedRequest:
-    tgid: int
-    tid: int
-    request_id: int
-    comm: bytes
-    cgroup_id: int
-    begin_ns: int  # kernel monotonic
-    end_ns: int  # kernel monotonic
-    parent: tp.TraceParent | None
-    traceparent_state: str  # "valid" | "missing" | "invalid" | "begin_lost"
-    end_reason: str
-    counters: Counters
-    stalls: tuple[ReclaimStall, ...] = ()  # reclaim stalls over the threshold, on this thread, in order
-    # zero-code HTTP requests (agent/http): span attributes of their own; the process's and the serving
-    # group's counters over the window, by scope name; the response's status (0: none seen)
-    attributes: dict = field(default_factory=dict)
-    scopes: tuple = ()  # ((scope, Counters), ...)
-    http_status: int | None = None  # None: not an HTTP request
-
-    @property
-    def is_error(self) -> bool:
-        return self.end_reason in ERROR_REASONS or self.http_status == 0 or (self.http_status or 0) >= 500
-
-    @property
-    def error_text(self) -> str:
-        if self.end_reason in ERROR_REASONS:
-            return f"request ended: {self.end_reason}"
-        return f"HTTP {self.http_status}" if self.http_status else "no HTTP response"
-
 
 
 class RequestJoiner:
     def __init__(self, rejected: Counter | None = None) -> None:
         self.open: dict[tuple[int, int], ReqBegin] = {}
-        self.stalls: dict[tuple[int, int], list[ReclaimStall]] = {}
         self.rejected: Counter[str] = Counter() if rejected is None else rejected  # by reason
 
     def on_begin(self, rec: ReqBegin) -> None:
@@ -64,18 +28,6 @@ class RequestJoiner:
             # The kernel sends the superseded END first; an open entry here means that END was lost.
             self.rejected["end_lost"] += 1
         self.open[key] = rec
-
-    def on_stall(self, rec: ReclaimStall) -> None:
-        """A stall the kernel tied to the thread's open request (request_id != 0)."""
-        key = (rec.hdr.tgid, rec.hdr.tid)
-        b = self.open.get(key)
-        if not rec.request_id or b is None or b.request_id != rec.request_id:
-            return
-        lst = self.stalls.setdefault(key, [])
-        if len(lst) < MAX_STALLS_PER_REQUEST:
-            lst.append(rec)
-        else:
-            self.rejected["stall_spans_truncated"] += 1
 
     def on_end(self, rec: ReqEnd) -> FinishedRequest:
         begin = self.open.pop((rec.hdr.tgid, rec.hdr.tid), None)
@@ -88,7 +40,6 @@ class RequestJoiner:
         out = []
         for k in keys:
             b = self.open.pop(k)
-            self.stalls.pop(k, None)
             self.rejected["end_lost"] += 1
             out.append(self._finish(b, k[0], k[1], b.request_id, b.hdr.comm, b.hdr.cgroup_id,
                                     b.hdr.ts_ns, rec.hdr.ts_ns, "process_exit", Counters()))
@@ -106,16 +57,13 @@ class RequestJoiner:
         stale = [k for k, b in self.open.items() if b.hdr.ts_ns < older_than_ns and k not in live]
         for k in stale:
             del self.open[k]
-            self.stalls.pop(k, None)
         self.rejected["end_lost"] += len(stale)
         return len(stale)
 
     def _finish(self, begin, tgid, tid, request_id, comm, cgroup_id, begin_ns, end_ns, reason, counters):
-        stalls = tuple(self.stalls.pop((tgid, tid), ()))
         if begin is not None and begin.request_id != request_id:
-            # the thread's earlier request, whose END was lost (and this one's BEGIN): its stalls are not ours
+            # the thread's earlier request, whose END was lost (and this one's BEGIN)
             self.rejected["end_lost"] += 1
-            stalls = ()
         if begin is None or begin.request_id != request_id:
             self.rejected["begin_lost"] += 1
             parent, state = None, "begin_lost"
@@ -127,4 +75,4 @@ class RequestJoiner:
             if parent is None:
                 self.rejected["bad_traceparent"] += 1
         return FinishedRequest(tgid, tid, request_id, comm, cgroup_id, begin_ns, end_ns, parent, state,
-                               reason, counters, stalls)
+                               reason, counters)

@@ -37,7 +37,7 @@ class SpanSpec:
     start_ns: int
     end_ns: int | None  # None: a span opened now and closed later (Telemetry.open / close)
     attributes: dict
-    parent: object | None = None  # requests.traceparent.TraceParent: the application's span
+    parent: object | None = None  # core.traceparent.TraceParent: the application's span
     links: tuple[LinkSpec, ...] = ()
     events: tuple[EventSpec, ...] = ()
     children: tuple["SpanSpec", ...] = ()

@@ -83,11 +83,12 @@ class LocalSource:
         self.status = sanitize_text(text, 200)
 
     def _run(self) -> None:
-        from ..core.agent import Agent, StartError
+        from ..core.agent import StartError
+        from ..registry import make_agent
         from ..exporters import counting_only
 
         try:
-            agent = Agent(self.cfg, exporters=counting_only("none: top counts, exports nothing"),
+            agent = make_agent(self.cfg, exporters=counting_only("none: top counts, exports nothing"),
                           progress=self._progress)
             agent.start()
         except StartError as e:

@@ -19,6 +19,7 @@ import time
 import pytest
 
 from mcp_hostagent.core import bccglue, compile_cache, loader, probes
+from mcp_hostagent.registry import UNIT
 
 BPF_OBJ_GET_INFO_BY_FD = 15  # include/uapi/linux/bpf.h enum bpf_cmd
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -110,9 +111,9 @@ def test_every_uprobe_program_is_known_as_kprobe_type_and_nothing_else():
     each libcuda symbol's entry and return program (cuda/symbols.py), and no tracepoint program."""
     from mcp_hostagent.cuda.symbols import SYMBOLS
 
-    found = loader.kprobe_programs(loader.unit_source())
+    found = UNIT.kprobe_programs()
     assert found == {s.entry for s in SYMBOLS} | {s.ret for s in SYMBOLS if s.ret}
-    assert not found & {s.fn_name for s in probes.plan((), exists=lambda cat, ev: True).enabled() if s.kind in probes.TRACEPOINT_KINDS}
+    assert not found & {s.fn_name for s in UNIT.plan(disabled=(), exists=lambda cat, ev: True).enabled() if s.kind in probes.TRACEPOINT_KINDS}
 
 
 @pytest.mark.bpf  # bcc's version and library are part of the key
@@ -139,7 +140,7 @@ def test_no_two_probes_the_loader_attaches_share_a_tracepoint():
     64 program slots: E2BIG for every later attach). One program per tracepoint, doing what each needs."""
     from collections import Counter
 
-    tps = Counter(p.tracepoint for p in probes.PROBES if p.kind in probes.TRACEPOINT_KINDS)
+    tps = Counter(p.tracepoint for p in UNIT.probes if p.kind in probes.TRACEPOINT_KINDS)
     assert not {tp: n for tp, n in tps.items() if n > 1}
 
 
@@ -152,8 +153,8 @@ def _load(monkeypatch, extra_cflags: tuple[str, ...] = (), cache: str = "off"):
     cfg = load_config(None, env={})
     kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
     monkeypatch.setenv(compile_cache.ENV, cache)
-    plan = probes.plan(cfg.probes_disable, off=probes.switched_off(cfg))
-    (got,) = loader.load(plan, loader.bpf_settings(cfg), extra_cflags=extra_cflags)
+    plan = UNIT.plan(cfg)
+    (got,) = loader.load(UNIT, plan, UNIT.settings(cfg), extra_cflags=extra_cflags)
     return got, plan
 
 
@@ -167,7 +168,7 @@ def check_adopted(got, plan) -> None:
     ours = {map_id(fd) for fd, _ in b.made.values()}  # made: core/mapset.py
     tps = [s for s in plan.enabled() if s.kind in probes.TRACEPOINT_KINDS]
     assert set(b.adopted) >= {s.fn_name.encode() for s in tps}
-    kprobes = loader.kprobe_programs(loader.unit_source())
+    kprobes = UNIT.kprobe_programs()
     for name in b.adopted:
         kind = BPF.KPROBE if name.decode() in kprobes else BPF.TRACEPOINT
         used = prog_map_ids(b.load_func(name, kind).fd)
@@ -236,7 +237,7 @@ def test_the_compile_cache_makes_a_start_without_llvm_and_refuses_what_it_cannot
     is dropped and the unit compiled; a directory others can write is not used at all."""
     cache = tmp_path / "cache"
     got, plan = _load(monkeypatch, cache=str(cache))
-    kprobes = loader.kprobe_programs(loader.unit_source())
+    kprobes = UNIT.kprobe_programs()
     compiled = set(bccglue.programs(got.bpf.module)["funcs"])
     got.bpf.cleanup()
     assert got.processes == "compiled"
@@ -325,19 +326,19 @@ def test_a_compile_begun_ahead_is_taken_by_the_load_of_the_same_unit(monkeypatch
     cfg = load_config(None, env={})
     kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
     monkeypatch.setenv(compile_cache.ENV, "off")
-    plan = probes.plan(cfg.probes_disable, off=probes.switched_off(cfg))
-    loader.compile_ahead(plan, loader.bpf_settings(cfg))
+    plan = UNIT.plan(cfg)
+    loader.compile_ahead(UNIT, plan, UNIT.settings(cfg))
     job = loader._ahead
     assert job is not None and job.thread.is_alive()
-    (got,) = loader.load(plan, loader.bpf_settings(cfg))
+    (got,) = loader.load(UNIT, plan, UNIT.settings(cfg))
     try:
         assert loader._ahead is None and got.bpf is job.result[0]
     finally:
         got.bpf.cleanup()
-    loader.compile_ahead(plan, loader.bpf_settings(cfg))
+    loader.compile_ahead(UNIT, plan, UNIT.settings(cfg))
     job = loader._ahead
-    other = probes.plan(["page_faults"], off=probes.switched_off(cfg))
-    (got,) = loader.load(other, loader.bpf_settings(cfg))
+    other = UNIT.plan(cfg, disabled=["page_faults"])
+    (got,) = loader.load(UNIT, other, UNIT.settings(cfg))
     try:
         assert got.bpf is not job.result[0] and other.statuses["page_faults"].state == probes.DISABLED
     finally:

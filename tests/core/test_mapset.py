@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from mcp_hostagent.core import bccglue, bpfsys, loader, mapset, probes
+from mcp_hostagent.registry import UNIT as AGENT_UNIT
 
 pytestmark = pytest.mark.bpf
 
@@ -26,9 +27,9 @@ def _compiled(probe_macros: bool, text: str | None = None):
     kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
     if text is not None:
         return bccglue.bpf_class()(text=text.encode())
-    flags = loader.cflags_for(probes.plan(()), loader.bpf_settings(cfg))
+    flags = AGENT_UNIT.cflags(AGENT_UNIT.plan(disabled=()), AGENT_UNIT.settings(cfg))
     flags = flags if probe_macros else [f for f in flags if not f.startswith("-DMCP_PROBE_")]
-    return bccglue.bpf_class()(text=loader.unit_source().encode(), cflags=flags)
+    return bccglue.bpf_class()(text=AGENT_UNIT.text().encode(), cflags=flags)
 
 
 def _kernel_view(fd: int) -> dict:
@@ -39,8 +40,8 @@ def _kernel_view(fd: int) -> dict:
 def test_the_units_maps_are_made_as_bcc_makes_them_and_do_not_depend_on_the_probes():
     full, maps_only = _compiled(True), _compiled(False)
     try:
-        desc = mapset.describe(maps_only.module)
-        assert desc == mapset.describe(full.module)  # one entry serves every plan
+        desc = bccglue.describe(maps_only.module)
+        assert desc == bccglue.describe(full.module)  # one entry serves every plan
         assert {m["name"] for m in desc} == set(bccglue.tables(full.module).values())
         made = bccglue.bpf_class().from_maps(desc)
         try:
@@ -69,7 +70,7 @@ def test_the_units_maps_are_made_as_bcc_makes_them_and_do_not_depend_on_the_prob
 def test_a_description_it_cannot_trust_makes_nothing_and_leaves_nothing_open():
     b = _compiled(False)
     try:
-        desc = mapset.describe(b.module)
+        desc = bccglue.describe(b.module)
     finally:
         b.cleanup()
     before = len(os.listdir("/proc/self/fd"))
@@ -121,7 +122,7 @@ def test_a_units_programs_on_made_maps_count_the_syscalls_this_test_makes():
     and the per-CPU array through bcc's own table classes."""
     compiled = _compiled(False, UNIT)
     try:
-        desc, reply = mapset.describe(compiled.module), bccglue.programs(compiled.module)
+        desc, reply = bccglue.describe(compiled.module), bccglue.programs(compiled.module)
     finally:
         compiled.cleanup()
     made = bccglue.bpf_class().from_maps(desc)

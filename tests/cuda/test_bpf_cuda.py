@@ -52,7 +52,7 @@ def build(tmp_path_factory):
 def gpu(build):
     """The agent (process.watch = gpu) with its CUDA probes replaced by ones with test settings (the
     fake NVIDIA device glob, no governor budget pressure); GPU step records are also collected here."""
-    from mcp_hostagent.cuda import capability as cuda
+    from mcp_hostagent.cuda import probeset as cuda
 
     from mcp_hostagent.core.decode import Route
     from mcp_hostagent.cuda.steps import EV_GPU_STEP
@@ -61,12 +61,12 @@ def gpu(build):
     steps = []
     r = ra.agent.routes[EV_GPU_STEP]
     ra.agent.routes[EV_GPU_STEP] = Route(r.struct, r.build, (steps.append, *r.handlers))
-    if ra.agent.cuda is not None:  # the pipeline's own, replaced by one with test settings
-        ra.agent.cuda.stop()
+    if ra.agent.caps["cuda"].probes is not None:  # the pipeline's own, replaced by one with test settings
+        ra.agent.caps["cuda"].probes.stop()
     cp = cuda.CudaProbes(ra.agent.bpf, ra.agent.plan, budget=1.0, device_globs=("/dev/nvidia*", FAKE_DEV_GLOB),
                          slice_s=0.1)
     cp.start()
-    ra.agent.cuda = cp
+    ra.agent.caps["cuda"].probes = cp
     yield SimpleNamespace(ra=ra, cp=cp, steps=steps, bpf=ra.agent.bpf)
     cp.stop()
     ra.close()
@@ -249,13 +249,14 @@ def test_missing_symbols_degrade_per_symbol(gpu, build, drivers):
 
 def test_latency_pairs_survive_a_thread_dying_inside_a_call(gpu, build, drivers):
     from mcp_hostagent.core import records as R
+    from mcp_hostagent.cuda import records as CU
 
     d = drivers()
     wait_attached(gpu, build.lib, d.pid)
     d.do("sym cuCtxSetCurrent 1")
     miss0, stale0 = gpu.ra.kernel_stat("cu_pair_miss"), gpu.ra.kernel_stat("cu_pair_stale")
     tid = int(d.do("block")[0])  # a thread inside cuEventSynchronize, blocked
-    key = R.CuPendKey(tid, R.C["MCP_CU_SYNC"])
+    key = CU.CuPendKey(tid, CU.C["MCP_CU_SYNC"])
     pending = gpu.bpf[b"cu_pending"]
     assert pending.get(key) is not None
     d.do("kill")  # SIGUSR1 -> SYS_exit on that thread, inside the call: its uretprobe never fires
@@ -548,7 +549,7 @@ def test_a_cuda_process_running_before_the_agent_is_armed_when_start_returns(mon
     at start its first round runs pass after pass for up to START_ROUND_S, so a library mapped before
     the agent started has its uprobes when Agent.start returns (READY=1), not a pass or more later.
     Without the start round (START_ROUND_S = 0) the same start leaves it unfollowed: the check can fail."""
-    from mcp_hostagent.cuda import capability as cuda
+    from mcp_hostagent.cuda import probeset as cuda
 
     d = drivers()
     pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
@@ -558,7 +559,7 @@ def test_a_cuda_process_running_before_the_agent_is_armed_when_start_returns(mon
         monkeypatch.setattr(cuda, "START_ROUND_S", 0.0)
     ra = RunningAgent({"process.watch": "gpu"})
     try:
-        libs = ra.agent.cuda.libraries()  # read at once: the finder's thread has had no pass of its own yet
+        libs = ra.agent.caps["cuda"].probes.libraries()  # read at once: the finder's thread has had no pass of its own yet
         ino = os.stat(build.lib).st_ino
         armed = [lib for key, lib in libs.items() if key[2] == ino
                  and any(st.state == "attached" for st in lib.syms.values())]

@@ -208,9 +208,10 @@ def test_uprobe_programs_from_the_compile_cache_count_every_call(monkeypatch, tm
     from bcc import BPF
 
     from mcp_hostagent.config import load_config
-    from mcp_hostagent.core import compile_cache, kernel, loader, probes
-    from mcp_hostagent.core import records as R
+    from mcp_hostagent.core import compile_cache, kernel, loader
+    from mcp_hostagent.cuda import records as R
     from mcp_hostagent.cuda import uprobes
+    from mcp_hostagent.registry import UNIT
 
     if mode == uprobes.MULTI and not uprobes.multi_supported()[0]:
         pytest.skip(uprobes.multi_supported()[1])
@@ -219,7 +220,7 @@ def test_uprobe_programs_from_the_compile_cache_count_every_call(monkeypatch, tm
     kernel.prepare(cfg.kernel_headers, cfg.kernel_link_modules_build, report=False)
 
     def load():
-        (got,) = loader.load(probes.plan(cfg.probes_disable, off=probes.switched_off(cfg)), loader.bpf_settings(cfg))
+        (got,) = loader.load(UNIT, UNIT.plan(cfg), UNIT.settings(cfg))
         return got
 
     load().bpf.cleanup()  # fills the cache

@@ -12,16 +12,17 @@ import pytest
 
 from mcp_hostagent.cuda import finder, governor, ioctl, steps, symbols
 from mcp_hostagent.core import records as R
+from mcp_hostagent.cuda import records as CU
 from mcp_hostagent.core.decode import DecodeError
 
 FIX = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "cuda")
 
 
 def _step(**over) -> bytes:
-    e = R.EvGpuStep()
+    e = CU.EvGpuStep()
     e.h.type, e.h.size, e.h.tgid, e.h.tid, e.h.ts_ns = steps.EV_GPU_STEP, ctypes.sizeof(e), 10, 11, 5_000
     e.h.comm = b"python3"
-    e.begin_ns, e.sync_ns, e.sync_kind = 1_000, 700, R.C["MCP_CU_SYNC_CTX"]
+    e.begin_ns, e.sync_ns, e.sync_kind = 1_000, 700, CU.C["MCP_CU_SYNC_CTX"]
     e.c.cu_launch_ex, e.c.cu_launch, e.c.cu_syncs, e.c.cu_sync_ns = 800, 3, 1, 700
     for k, v in over.items():
         setattr(e, k, v)

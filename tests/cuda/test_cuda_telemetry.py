@@ -41,11 +41,12 @@ def step(begin_ns=1_000, ts_ns=5_000, sync_ns=700, kind="ctx", tid=11, **counter
      SpanSpec("hostagent.gpu_step", 1_000, 5_000, {
          **SPAN_PROC, "thread.id": 11, "hostagent.gpu_step.sync.kind": "event", "hostagent.gpu_step.sync.time": 0.0},
               resource=PROC)),
-    # an end before the begin (clock skew between CPUs): a zero-length span at the begin
+    # an end before the begin (clock skew between CPUs): a zero-length span at the begin; a field the
+    # CUDA probes do not count (cu_thread holds only theirs) is not the step's to render
     (step(begin_ns=6_000, ts_ns=5_000, faults=2),
      SpanSpec("hostagent.gpu_step", 6_000, 6_000, {
-         **SPAN_PROC, "thread.id": 11, "hostagent.gpu_step.sync.kind": "ctx", "hostagent.gpu_step.sync.time": 700 / 1e9,
-         "hostagent.faults.user": 2}, resource=PROC)),
+         **SPAN_PROC, "thread.id": 11, "hostagent.gpu_step.sync.kind": "ctx", "hostagent.gpu_step.sync.time": 700 / 1e9},
+              resource=PROC)),
 ])
 def test_step_span(st, expected):
     got = T.step_span(st, PROC)

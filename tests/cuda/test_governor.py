@@ -293,7 +293,7 @@ def test_a_recalibration_applies_its_cost_to_the_weights_at_once(monkeypatch):
     (none did in that run: each resumed window was shorter than one). No kernel: CudaProbes with the
     probe-state tests' stand-in bcc object, the calibration replaced."""
     from test_probe_states import FakeBpf, add_library, cuda_probes
-    from mcp_hostagent.cuda import capability as cap
+    from mcp_hostagent.cuda import probeset as cap
     from mcp_hostagent.cuda.calibrate import Calibration
 
     class Config(dict):  # cu_config as _set_cfg writes it: ctypes keys and values

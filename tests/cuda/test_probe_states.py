@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from mcp_hostagent.core import probes as P
+from mcp_hostagent.registry import UNIT
 from mcp_hostagent.core.health import AgentHealth
 from mcp_hostagent.cuda.finder import Library
 from mcp_hostagent.cuda.symbols import DUTY_PROBE, SYMBOLS, UPROBE_ROWS, SymState, family_status
@@ -48,9 +49,9 @@ class FakeBpf:
 
 
 def cuda_probes(attaching: bool):
-    from mcp_hostagent.cuda.capability import CudaProbes
+    from mcp_hostagent.cuda.probeset import CudaProbes
 
-    plan = P.plan(exists=lambda cat, ev: True)
+    plan = UNIT.plan(disabled=(), exists=lambda cat, ev: True)
     cp = CudaProbes(FakeBpf(), plan, attach_uprobes=attaching, governor=attaching)
     for row in UPROBE_ROWS:  # as start() leaves them
         plan.mark(row, P.WAITING, "")
@@ -116,12 +117,12 @@ def test_waiting_then_armed_then_waiting_again():
 
 def test_probe_state_gauge_follows_the_families():
     """hostagent.agent.probes: the families' states as they change, not a copy taken at start-up."""
-    from mcp_hostagent.cuda.capability import Cuda
+    from conftest import unstarted_agent
 
     cp, plan = cuda_probes(attaching=True)
     health = AgentHealth(probes={n: s.state for n, s in plan.statuses.items()})
-    cap = Cuda(processes=None, health=health)
-    cap.probes = cp
+    cap = unstarted_agent().caps["cuda"]
+    cap.health, cap.probes = health, cp
 
     def gauge() -> dict[str, str]:
         (inst,) = [i for i in health.instruments(SimpleNamespace(snapshot=dict)) if i.name.endswith("agent.probes")]
@@ -130,6 +131,6 @@ def test_probe_state_gauge_follows_the_families():
     assert {gauge()[r] for r in UPROBE_ROWS} == {P.WAITING}
     add_library(cp, "attached")
     cp._update_rows()
-    cap.publish()
+    cap.tick()
     assert {gauge()[r] for r in UPROBE_ROWS} == {P.ARMED}
     assert P.ATTACHED not in {gauge()[r] for r in UPROBE_ROWS}

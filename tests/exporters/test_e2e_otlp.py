@@ -24,7 +24,10 @@ from mcp_hostagent import __version__
 from mcp_hostagent.exporters.files import metrics_path
 from mcp_hostagent.exporters.jsonl import ids_to_base64
 from mcp_hostagent.core.kernel import tracepoint_exists
-from mcp_hostagent.core.probes import PROBES, switched_off
+from mcp_hostagent.registry import UNIT
+
+PROBES = UNIT.probes
+switched_off = UNIT.switched_off
 from mcp_hostagent.core.processes import METRIC_IDENTITY
 from mcp_hostagent.telemetry.otel import instance_id
 
@@ -55,7 +58,7 @@ class AgentThread:
 
     def __init__(self, overrides: dict):
         from mcp_hostagent.config import load_config
-        from mcp_hostagent.core.agent import Agent
+        from mcp_hostagent.registry import make_agent as Agent
 
         base = {"export.jsonl_path": "", "status.enabled": False, "process.watch": "marked",
                 "export.metric_interval_s": 0.5}
@@ -227,7 +230,7 @@ def check_health_metrics(sink, child: Child, a: "AgentThread") -> None:
     # one point per probe and per non-BPF source (NVML, PCIe sysfs, netlink) with the state the agent
     # decided; every tracepoint this kernel has attached
     expected = {(n, st.state): 1 for n, st in a.agent.plan.statuses.items()}
-    sources = {**a.agent.gpu.sources, **a.agent.pcie.sources, **a.agent.nic.sources, **a.agent.numa.sources}
+    sources = {**a.agent.caps["gpuhealth"].sources, **a.agent.caps["pcie"].sources, **a.agent.caps["nic"].sources, **a.agent.caps["numa"].sources}
     expected.update({(n, s.state): 1 for n, s in sources.items()})
     assert probes == expected
     assert len(probes) == len(PROBES) + len(sources) == len(PROBES) + 5

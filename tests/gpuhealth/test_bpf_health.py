@@ -1,4 +1,5 @@
-"""The GPU and PCIe health tracepoints (bpf/health.bpf.c, gpuhealth/health_records.py, gpuhealth/capability.py).
+"""The raw tracepoint copies (bpf/common.bpf.c tp_raw_capture, core/rawtp.py) of the GPU and PCIe health tracepoints
+(bpf/gpuhealth.bpf.c, bpf/pcie.bpf.c), and gpuhealth/capability.py's Xid handling.
 
 nvidia:nvidia_dev_xid, ras:aer_event and pci:pcie_link_event are all absent on this machine (only the
 Xid one exists on the H200 host, tests/fixtures/gpu). So:
@@ -27,23 +28,31 @@ import pytest
 from mcp_hostagent.core import decode as D
 from mcp_hostagent.core import probes
 from mcp_hostagent.core import records as R
+from mcp_hostagent import gpuhealth as GH
+from mcp_hostagent.pcie import records as PC
 from mcp_hostagent.core.kernel import tracepoint_exists
 from mcp_hostagent.core.tracefs import iter_trace_page, parse_format
-from mcp_hostagent.gpuhealth.health_records import HealthDecoder, TpFields
-from mcp_hostagent.gpuhealth.tracepoints import MISSING_WHY
+from mcp_hostagent.core.rawtp import RawDecoder, TpFields
+from mcp_hostagent.registry import CAPABILITIES, UNIT
 from mcp_hostagent.gpuhealth.xid import XidEvent, XidRecord
 from mcp_hostagent.pcie.records import PCIE_LINK_EVENT_FORMAT
 from mcp_hostagent.pcie.sysfs import PciePoller
 
+from conftest import unstarted_agent
 from nvml_replay import XidReplay, load
 from test_pcie import AER_EVENT_FORMAT_TEXT_NEWER, Clock, build_tp_record, gpu_dir, set_link, sysroot  # noqa: F401
 
 GPU = "0000:00:06.0"
 XID = load("xid.json")
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-HEALTH = [p for p in probes.PROBES if p.program == "health.bpf.c"]
-KIND_XID, KIND_AER, KIND_LINK = R.C["MCP_TP_NVIDIA_DEV_XID"], R.C["MCP_TP_AER_EVENT"], R.C["MCP_TP_PCIE_LINK_EVENT"]
+HEALTH = [p for p in UNIT.probes if p.kind == "tracepoint_raw"]
+KINDS = {k: v for d in CAPABILITIES for k, v in d.raw.items()}  # each capability's raw kinds
+KIND_XID, KIND_AER, KIND_LINK = GH.C["MCP_TP_NVIDIA_DEV_XID"], PC.C["MCP_TP_AER_EVENT"], PC.C["MCP_TP_PCIE_LINK_EVENT"]
 N = R.C["MCP_TP_RAW_LEN"]
+
+
+def decoder(root: str | None = None) -> RawDecoder:
+    return RawDecoder(KINDS, **({"tracefs_root": root} if root else {}))
 
 
 def h200_xid_record() -> tuple[int, bytes]:
@@ -95,13 +104,13 @@ def test_capture_on_sched_process_exec_decodes_with_the_runtime_format(tmp_path)
     from mcp_hostagent.core import kernel
     from mcp_hostagent.core import loader
     from mcp_hostagent.config import load_config
-    from mcp_hostagent.core.agent import bpf_settings, prepare_kernel
+    from mcp_hostagent.core.agent import prepare_kernel
 
     cfg = load_config(None, env={}, overrides={"export.jsonl_path": ""})
     prepare_kernel(cfg)
     assert kernel.tracepoint_exists("sched", "sched_process_exec")
-    plan = probes.plan([p.name for p in probes.PROBES if p.name != "marker"])  # one small probe beside ours, on another tracepoint (bcc keeps one program per tracepoint name)
-    loaded = loader.load(plan, bpf_settings(cfg), extra_cflags=("-DMCP_TEST_TP_RAW_EXEC=1",))
+    plan = UNIT.plan(disabled=[p.name for p in UNIT.probes if p.name != "marker"])  # one small probe beside ours, on another tracepoint (bcc keeps one program per tracepoint name)
+    loaded = loader.load(UNIT, plan, UNIT.settings(cfg), extra_cflags=("-DMCP_TEST_TP_RAW_EXEC=1",))
     assert loaded, {n: s.reason for n, s in plan.statuses.items() if s.state == probes.MISSING}
     bpf = loaded[0].bpf
     got: list[D.TpRaw] = []
@@ -130,11 +139,12 @@ def test_capture_on_sched_process_exec_decodes_with_the_runtime_format(tmp_path)
         deadline = time.monotonic() + 5
         while len({r.hdr.tgid for r in got} & set(pids.values())) < 2 and time.monotonic() < deadline:
             bpf.ring_buffer_poll(100)
-        stats = {R.KERNEL_STATS[k.value]: sum(v) for k, v in bpf[b"stats"].items() if k.value in R.KERNEL_STATS}
+        labels = UNIT.kernel_stats()
+        stats = {labels[k.value]: sum(v) for k, v in bpf[b"stats"].items() if k.value in labels}
     finally:
         bpf.cleanup()
 
-    dec = HealthDecoder()
+    dec = decoder()
     mine = {r.hdr.tgid: r for r in got if r.hdr.tgid in pids.values()}
     assert set(mine) == set(pids.values()), got
     exec_fmt = parse_format(Path("/sys/kernel/tracing/events/sched/sched_process_exec/format").read_text())
@@ -169,15 +179,15 @@ def test_health_probes_report_missing_with_the_reason_and_the_agent_runs(make_ag
         if tracepoint_exists(*spec.tracepoint.split(":")):
             assert st.state == probes.ATTACHED, (spec.name, st.reason)
         else:
-            assert (st.state, st.reason, st.hint) == (probes.MISSING, MISSING_WHY[spec.tracepoint.replace(":", "/")],
+            assert (st.state, st.reason, st.hint) == (probes.MISSING, spec.absent,
                                                       spec.hint)
         assert a.agent.health.probes[spec.name] == st.state
     table = probes.render_table(a.report.plan)
     row = next(ln for ln in table.splitlines() if ln.startswith("gpu_xid "))
     if not tracepoint_exists("nvidia", "nvidia_dev_xid"):
-        assert "missing" in row and MISSING_WHY["nvidia/nvidia_dev_xid"] in row and "HINT:" in row
+        assert "missing" in row and next(p.absent for p in HEALTH if p.name == "gpu_xid") in row and "HINT:" in row
         # no BPF Xids here, so NVML's Xid events are not put aside (they are missing for want of NVML)
-        assert "gpu_xid BPF probe" not in a.agent.gpu.sources["nvml_xid"].reason
+        assert "gpu_xid BPF probe" not in a.agent.caps["gpuhealth"].sources["nvml_xid"].reason
     ticks = a.agent.snapshots.latest().seq
     time.sleep(1.0)
     assert a._thread.is_alive() and a.agent.snapshots.latest().seq > ticks
@@ -196,14 +206,14 @@ def test_probes_command_lists_them_with_the_reason():
         cols = rows[spec.name].split()
         assert cols[1] == spec.tracepoint
         if not tracepoint_exists(*spec.tracepoint.split(":")):
-            assert cols[2] == "missing" and MISSING_WHY[spec.tracepoint.replace(":", "/")] in rows[spec.name]
+            assert cols[2] == "missing" and spec.absent in rows[spec.name]
             assert f"(HINT: {spec.hint})" in rows[spec.name]
 
 
 # ---- the H200's real Xid record through the BPF path's decoder and the pipeline -------------------------
 
 def h200_ringbuf(ts_ns: int, length: int = N, record: bytes | None = None) -> bytes:
-    """The ring-buffer record health.bpf.c makes for the H200's Xid: run by the driver's irq thread
+    """The ring-buffer record gpuhealth.bpf.c makes for the H200's Xid: run by the driver's irq thread
     irq/44-nvidia, pid 177 (the trace text's TASK-PID)."""
     rec = record if record is not None else h200_xid_record()[1]
     return ringbuf_record(bpf_copy(rec, length), KIND_XID, ts_ns=ts_ns, tgid=177, tid=177, comm=b"irq/44-nvidia")
@@ -213,7 +223,7 @@ def test_real_h200_xid_record_decodes_as_the_kernel_log_says(tmp_path):
     root = fake_tracefs(tmp_path, {"nvidia/nvidia_dev_xid": XID["format"]})
     rec = D.decode(h200_ringbuf(123), D.TP_RAW)[0]
     assert isinstance(rec, D.TpRaw) and rec.kind == KIND_XID
-    dec = HealthDecoder(root)
+    dec = decoder(root)
     x = dec.decode(rec)
     dev, code, who, msg = dmesg_xid()
     assert isinstance(x, XidRecord) and dec.format_source["nvidia/nvidia_dev_xid"] == "tracefs"
@@ -225,7 +235,7 @@ def test_real_h200_xid_record_decodes_as_the_kernel_log_says(tmp_path):
     assert who == "pid=574, name=python3" and x.process is None
     assert XidRecord(x.dev, 31, f"{who}, {msg}", 177).process == (574, "python3")
     # with no format file the recorded layout decodes the same record the same way
-    dflt = HealthDecoder(str(tmp_path / "none"))
+    dflt = decoder(str(tmp_path / "none"))
     assert dflt.decode(rec) == x and dflt.format_source["nvidia/nvidia_dev_xid"].startswith("built-in")
 
 
@@ -269,7 +279,7 @@ def started_agent(**agent_kwargs):
     from mcp_hostagent.config import load_config
     from mcp_hostagent.exporters import Exporters
     from mcp_hostagent.exporters.counting import CountingMetricExporter, CountingSpanExporter, ExportStats
-    from mcp_hostagent.core.agent import Agent
+    from mcp_hostagent.registry import make_agent as Agent
 
     cfg = load_config(None, env={}, overrides={"export.jsonl_path": "", "status.enabled": False,
                                                "process.watch": "marked", "nic.enabled": False,
@@ -297,11 +307,11 @@ def test_h200_xid_through_the_pipeline_finding_metric_and_span_event(tmp_path, s
         child.do("spin 1")
         replay, _ = busy_replay(child.pid)
         agent, spans, metrics = started_agent(nvml_module=replay, sysfs_root=str(sysroot))
-        agent.gpu.tp = HealthDecoder(fake_tracefs(tmp_path, {"nvidia/nvidia_dev_xid": XID["format"]}))
+        agent.raw = decoder(fake_tracefs(tmp_path, {"nvidia/nvidia_dev_xid": XID["format"]}))
         deadline = time.monotonic() + 5
-        while agent.gpu.gpus_of(child.pid) != {0: GPU} and time.monotonic() < deadline:
+        while agent.caps["gpuhealth"].gpus_of(child.pid) != {0: GPU} and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert agent.gpu.gpus_of(child.pid) == {0: GPU}
+        assert agent.caps["gpuhealth"].gpus_of(child.pid) == {0: GPU}
         child.do(f"begin 701 {TP}", "spin 20")
         t_xid = time.monotonic_ns()
         hand(agent, h200_ringbuf(t_xid))
@@ -319,7 +329,7 @@ def test_h200_xid_through_the_pipeline_finding_metric_and_span_event(tmp_path, s
         assert dict(ev.attributes) == {"hostagent.gpu.xid.code": 31, "hostagent.gpu.pci_bus_id": GPU, "hostagent.gpu.xid.source": "bpf",
                                        "hostagent.gpu.xid.message": msg}
         assert ev.timestamp == agent.timebase.to_wall_ns(t_xid)
-        (x,) = agent.gpu.xids
+        (x,) = agent.caps["gpuhealth"].xids
         assert (x.source, x.gpu_index, x.uuid, x.pci_bus_id, x.xid) == ("bpf", 0, replay.static(0, "nvmlDeviceGetUUID"),
                                                                         GPU, 31)
         # the metric by code
@@ -327,7 +337,7 @@ def test_h200_xid_through_the_pipeline_finding_metric_and_span_event(tmp_path, s
         (pt,) = metrics.points("hostagent.gpu.xid.errors")[-1:]
         assert (dict(pt.attributes), pt.value) == ({"hostagent.gpu.xid.code": 31}, 1)
         # the finding `mcp-agent top` shows
-        agent.snapshots.on_tick(agent.tick_state())
+        agent.snapshots.on_tick(agent.processes.rows, agent.agent_view())
         snap = agent.snapshots.latest()
         assert [f for f in snap.findings if f.kind == "xid" and "Xid 31" in f.text]
         assert snap.host.xid_total == 1
@@ -340,12 +350,11 @@ def test_h200_xid_through_the_pipeline_finding_metric_and_span_event(tmp_path, s
 
 def test_nvml_xid_events_are_the_fallback_only(sysroot):  # noqa: F811
     """With the BPF Xid probe attached, NVML's Xid events stay off (each Xid would count twice)."""
-    from mcp_hostagent.gpuhealth.capability import GpuHealth
-
-    bpf_side = GpuHealth(nvml_module=XidReplay())
-    nvml_side = GpuHealth(nvml_module=XidReplay())
+    bpf_agent, nvml_agent = unstarted_agent(nvml_module=XidReplay()), unstarted_agent(nvml_module=XidReplay())
+    bpf_agent.ctx.plan = UNIT.plan(disabled=(), exists=lambda cat, ev: True)  # gpu_xid attached
+    bpf_side, nvml_side = bpf_agent.caps["gpuhealth"], nvml_agent.caps["gpuhealth"]
     try:
-        srcs = {s.name: s for s in bpf_side.start(bpf_xid=True)}
+        srcs = {s.name: s for s in bpf_side.start()}
         assert srcs["nvml_xid"].state == "disabled" and "gpu_xid BPF probe" in srcs["nvml_xid"].reason
         assert bpf_side.xid.state == "stopped"  # its thread never started
         assert {s.name: s.state for s in nvml_side.start()}["nvml_xid"] == "attached"
@@ -367,12 +376,8 @@ def test_nvml_xid_events_are_the_fallback_only(sysroot):  # noqa: F811
 
 def bare_agent(tmp_path, sysroot=None):
     """An Agent that is not started: _on_event decodes and handles records without BPF."""
-    from mcp_hostagent.config import load_config
-    from mcp_hostagent.core.agent import Agent
-
-    cfg = load_config(None, env={}, overrides={"export.jsonl_path": "", "nic.enabled": False})
-    agent = Agent(cfg, sysfs_root=str(sysroot or tmp_path / "nosys"))
-    agent.gpu.tp = HealthDecoder(fake_tracefs(tmp_path / "tracing", {"nvidia/nvidia_dev_xid": XID["format"]}))
+    agent = unstarted_agent(sysfs_root=str(sysroot or tmp_path / "nosys"))
+    agent.raw = decoder(fake_tracefs(tmp_path / "tracing", {"nvidia/nvidia_dev_xid": XID["format"]}))
     return agent
 
 
@@ -409,14 +414,14 @@ def test_hostile_and_truncated_records_are_counted_and_skipped(tmp_path):
     hand(agent, h200_ringbuf(11, record=long_msg))
     odd = build_xid(raw, "bad \udcff bytes")
     hand(agent, h200_ringbuf(12, record=odd))
-    got = list(agent.gpu.xids)
+    got = list(agent.caps["gpuhealth"].xids)
     assert [x.t_ns for x in got] == [1, 2, 11, 12] and all(x.xid == 31 and x.pci_bus_id == GPU for x in got)
     assert got[0].msg == msg
     assert got[1].msg == msg[:R.C["MCP_TP_RAW_MIN"] - 33]  # dev ends at byte 33; the fallback read holds 64
     assert got[2].msg.startswith("channel 0x0000000a, XXX") and len(got[2].msg) == N - 33
     assert got[3].msg == "bad \ufffd bytes"
-    assert agent.gpu.tp.truncated == 2 and agent.health.user_lost == 0
-    assert agent.gpu.xid.counts == {31: 4}
+    assert agent.raw.truncated == 2 and agent.health.user_lost == 0
+    assert agent.caps["gpuhealth"].xid.counts == {31: 4}
 
 
 def build_xid(template: bytes, msg: str) -> bytes:
@@ -430,22 +435,24 @@ def build_xid(template: bytes, msg: str) -> bytes:
     return bytes(head) + data
 
 
-# ---- AER and link events through GpuHealth's decoder to the PCIe capability ---------------------------------
+# ---- AER and link events through the core's decoder to the PCIe capability ---------------------------------
 
 def health_with_sysfs(sysroot, tmp_path, formats=None):
-    """GpuHealth (the health records' decoder) and Pcie, wired as core/agent.py wires them."""
-    from mcp_hostagent.gpuhealth.capability import GpuHealth
-    from mcp_hostagent.pcie.capability import Pcie
-    from mcp_hostagent.pcie.records import AerRecord, LinkEventRecord
-
-    gh = GpuHealth(nvml_module=object())  # NVML absent: no utilisation
-    gh.tp = HealthDecoder(fake_tracefs(tmp_path / "tracing", formats or {}))
-    pc = Pcie(sysfs_root=str(sysroot), util=gh.util_by_bdf, gpus_of=gh.gpus_of)
-    gh.record_handlers.update({AerRecord: pc.on_aer, LinkEventRecord: pc.on_link_event})
+    """The agent's raw decoder, GpuHealth and Pcie, wired as the core wires them (NVML absent: no
+    utilisation)."""
+    agent = unstarted_agent(sysfs_root=str(sysroot))
+    agent.raw = decoder(fake_tracefs(tmp_path / "tracing", formats or {}))
+    gh, pc = agent.caps["gpuhealth"], agent.caps["pcie"]
     gh.start()
     pc.start()
     assert pc.sources["pcie_sysfs"].state == "attached"
-    return gh, pc
+    return agent, gh, pc
+
+
+def to_pcie(agent, pc, rec: D.TpRaw) -> list:
+    """A raw copy decoded as the core decodes it, handed to pcie: the link episodes it made."""
+    ev = agent.raw.decode(rec)
+    return (pc.on_link_event if rec.kind == KIND_LINK else pc.on_aer)(ev, rec.hdr.ts_ns)
 
 
 def hdr(ts_ns: int) -> D.Header:
@@ -453,7 +460,7 @@ def hdr(ts_ns: int) -> D.Header:
 
 
 def test_link_event_repolls_the_link_at_once(sysroot, tmp_path):  # noqa: F811
-    gh, pc = health_with_sysfs(sysroot, tmp_path)
+    agent, gh, pc = health_with_sysfs(sysroot, tmp_path)
     clock = Clock()
     pc.poller = PciePoller(str(sysroot), clock)
     clock.t = 10**9
@@ -461,11 +468,11 @@ def test_link_event_repolls_the_link_at_once(sysroot, tmp_path):  # noqa: F811
     set_link(gpu_dir(sysroot), width="8")
     rec = build_tp_record(PCIE_LINK_EVENT_FORMAT, {"reason": 3, "cur_bus_speed": 0x18, "width": 8}, {"port_name": GPU})
     clock.t = 2 * 10**9
-    (ep,) = gh.on_tp_raw(D.TpRaw(hdr(clock.t), KIND_LINK, bpf_copy(rec)))  # no tick needed
+    (ep,) = to_pcie(agent, pc, D.TpRaw(hdr(clock.t), KIND_LINK, bpf_copy(rec)))  # no tick needed
     assert (ep.event, ep.causes, ep.to_width) == ("opened", ("width_drop",), 8)
-    assert gh.tp.format_source["pci/pcie_link_event"].startswith("built-in")
+    assert agent.raw.format_source["pci/pcie_link_event"].startswith("built-in")
     clock.t += 50_000_000  # a burst: within 100 ms the tick's poll is soon enough
-    assert gh.on_tp_raw(D.TpRaw(hdr(clock.t), KIND_LINK, bpf_copy(rec))) == []
+    assert to_pcie(agent, pc, D.TpRaw(hdr(clock.t), KIND_LINK, bpf_copy(rec))) == []
     assert pc.pcie_event_counts[("pcie_link_event", GPU)] == 2
     name, t, bdf, attrs = pc.pcie_events[0]
     assert (name, t, bdf, attrs["hostagent.pcie.reason"], attrs["hostagent.pcie.to_width"]) == (
@@ -475,15 +482,15 @@ def test_link_event_repolls_the_link_at_once(sysroot, tmp_path):  # noqa: F811
 
 def test_aer_event_feeds_the_judge(sysroot, tmp_path):  # noqa: F811
     """The runtime format here is mainline's newer layout (tlp_header of 14 words, bus_type)."""
-    gh, pc = health_with_sysfs(sysroot, tmp_path, {"ras/aer_event": AER_EVENT_FORMAT_TEXT_NEWER})
+    agent, gh, pc = health_with_sysfs(sysroot, tmp_path, {"ras/aer_event": AER_EVENT_FORMAT_TEXT_NEWER})
     newer = parse_format(AER_EVENT_FORMAT_TEXT_NEWER)
     assert pc.tick() == []
     rec = build_tp_record(newer, {"status": 1 | 1 << 7, "severity": 2}, {"dev_name": GPU, "bus_type": "PCIe"})
-    assert gh.on_tp_raw(D.TpRaw(hdr(1), KIND_AER, bpf_copy(rec))) == []  # judged at the next poll
+    assert to_pcie(agent, pc, D.TpRaw(hdr(1), KIND_AER, bpf_copy(rec))) == []  # judged at the next poll
     (ep,) = pc.tick()
     assert (ep.event, ep.causes, ep.aer_devices) == ("opened", ("aer_errors",), (GPU,))
     assert dict(ep.aer_delta) == {"correctable": 1, "correctable.RxErr": 1, "correctable.BadDLLP": 1}
-    assert gh.tp.format_source["ras/aer_event"] == "tracefs"
+    assert agent.raw.format_source["ras/aer_event"] == "tracefs"
     assert pc.pcie_event_counts[("aer_event", GPU)] == 1
     gh.stop()
 
@@ -499,17 +506,17 @@ def test_replay_of_the_bpf_capture_recorded_on_the_h200(tmp_path):
     rec = load("xid_bpf_h200.json")
     assert rec["ringbuf"], "the recording has no BPF Xid record"
     agent = bare_agent(tmp_path)
-    agent.gpu.tp = HealthDecoder(fake_tracefs(tmp_path / "h200", {"nvidia/nvidia_dev_xid": rec["format"]}))
+    agent.raw = decoder(fake_tracefs(tmp_path / "h200", {"nvidia/nvidia_dev_xid": rec["format"]}))
     for i, rb in enumerate(rec["ringbuf"]):
         raw = base64.b64decode(rb["b64"])
         r = D.decode(raw, D.TP_RAW)[0]
-        x = agent.gpu.tp.decode(r)
+        x = agent.raw.decode(r)
         assert x.__dict__ == rec["decoded"][i]  # what the agent decoded there, decoded again here
         # the driver's own record of the same Xid, from the tracefs ring buffer there
         ring = base64.b64decode(rec["tracefs_ring"][i]["b64"])
         assert r.data[8:rb["record_len"]] == ring[8:rb["record_len"]]
         hand(agent, raw)
     line = next(ln for ln in rec["dmesg_xid"] if "NVRM: Xid (PCI:" in ln)
-    (x,) = agent.gpu.xids
+    (x,) = agent.caps["gpuhealth"].xids
     assert x.xid == 31 and f"Xid (PCI:{x.pci_bus_id[:-2]}): 31, " in line and line.endswith(x.msg)
-    assert agent.gpu.xid.counts == {31: 1} and agent.health.rejected["tracepoint_record"] == 0
+    assert agent.caps["gpuhealth"].xid.counts == {31: 1} and agent.health.rejected["tracepoint_record"] == 0

@@ -45,16 +45,16 @@ def test_request_span_carries_gpu_samples_and_link_episode(make_agent, sysroot):
         replay, busy = busy_replay(child.pid)
         a = make_agent(agent_kwargs={"nvml_module": replay, "sysfs_root": str(sysroot)},
                        gpu__sample_period_s=0.1, nic__enabled=False)
-        assert a.agent.gpu.sources["nvml"].state == "attached"
-        assert a.agent.pcie.sources["pcie_sysfs"].state == "attached"
+        assert a.agent.caps["gpuhealth"].sources["nvml"].state == "attached"
+        assert a.agent.caps["pcie"].sources["pcie_sysfs"].state == "attached"
         deadline = time.monotonic() + 5
-        while not a.agent.gpu.gpus_of(child.pid) and time.monotonic() < deadline:
+        while not a.agent.caps["gpuhealth"].gpus_of(child.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert a.agent.gpu.gpus_of(child.pid) == {0: GPU}
+        assert a.agent.caps["gpuhealth"].gpus_of(child.pid) == {0: GPU}
         child.do(f"begin 301 {TP}", "spin 400")
         set_link(gpu_dir(sysroot), width="8")  # a narrower width is degradation, busy or idle
         deadline = time.monotonic() + 5
-        while not a.agent.pcie.links.episodes and time.monotonic() < deadline:
+        while not a.agent.caps["pcie"].links.episodes and time.monotonic() < deadline:
             time.sleep(0.05)
         child.do("spin 300", "end 301")
         (span,) = a.wait_spans(1, **{"process.pid": child.pid, "hostagent.request.id": f"{301:016x}"})

@@ -157,7 +157,7 @@ def test_pcie_throughput_and_capacity_metrics_from_the_h200_recording():
 
 
 def test_link_capacity_per_generation():
-    from mcp_hostagent.pcie.sysfs import link_capacity_bytes_s as cap
+    from mcp_hostagent.core.topology import link_capacity_bytes_s as cap
 
     assert cap(1, 1) == 250e6 and cap(2, 4) == 2e9  # 8b/10b
     assert cap(3, 16) == pytest.approx(15.75e9, rel=0.001) and cap(4, 16) == pytest.approx(31.5e9, rel=0.001)

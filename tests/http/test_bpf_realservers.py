@@ -249,7 +249,7 @@ def test_files_and_pipes_that_start_with_a_request_line_make_no_record(make_agen
         time.sleep(2)
         spans = [x for x in a.spans() if x.attributes.get("url.path") == "/from-a-file"]
         assert not spans, len(spans)
-        assert a.agent.http.joiner.open == {}
+        assert a.agent.caps["http"].joiner.open == {}
         assert a.kernel_stat("rb_http_lost") == 0
         # the children were watched (inherited at fork): the probes did see their reads
         assert a.agent.health.kernel_stats.get("watch_uid_full", 0) == 0

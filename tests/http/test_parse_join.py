@@ -284,8 +284,6 @@ def test_without_sock_tracepoints_a_request_head_read_from_a_file_is_not_a_reque
     "request" and its END, counts it, and stops the kernel following that fd."""
     from types import SimpleNamespace
 
-    from mcp_hostagent.http.capability import Http
-
     fd_dir = tmp_path / "10" / "fd"
     fd_dir.mkdir(parents=True)
     os.symlink("socket:[4242]", fd_dir / "7")
@@ -293,8 +291,12 @@ def test_without_sock_tracepoints_a_request_head_read_from_a_file_is_not_a_reque
     conns = _Map({(10, 7): SimpleNamespace(conn_id=5), (10, 8): SimpleNamespace(conn_id=6)})
     done = []
     rej = Counter()
-    h = Http({b"http_conn": conns}, finish=done.append, idle_expiry_s=60, rejected=rej, proc_root=str(tmp_path),
-             sock_tracepoints=False)
+    from conftest import unstarted_agent
+
+    agent = unstarted_agent({"requests.idle_expiry_s": 60}, proc_root=str(tmp_path))
+    agent.ctx.bpf, agent.ctx.finish = {b"http_conn": conns}, done.append
+    h = agent.caps["http"]
+    h.sock_tracepoints, h.joiner.rejected = False, rej
     h.on_begin(begin(1, 100, conn=5))
     file_begin = HttpBegin(hdr(ts=100), 6, 1, 77, 100, 8, 1, False, False, (), b"GET /x HTTP/1.1\r\n\r\n",
                            Counters(), Counters(), Counters())

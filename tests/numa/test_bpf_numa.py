@@ -56,11 +56,11 @@ def gpu_child(agent, child, monkeypatch):
     """The child, watched (it marked a request) and listed as a process of the GPU at GPU."""
     child.do("begin 501", "end 501")
     agent.wait_spans(1, **{"process.pid": child.pid})
-    numa = agent.agent.numa
+    numa = agent.agent.caps["numa"]
     monkeypatch.setattr(numa, "gpu_processes", lambda: {child.pid: {GPU}})
     yield child
     monkeypatch.undo()
-    agent.agent.numa.tick()  # unlisted again: its home goes
+    agent.agent.caps["numa"].tick()  # unlisted again: its home goes
 
 
 def measure(agent, child, cmd: str) -> tuple[tuple[int, int, int], int]:
@@ -80,7 +80,7 @@ def close_to(ours: int, kernel: int) -> bool:
 
 
 def test_local_home_all_time_local_and_equal_to_schedstat(agent, gpu_child):
-    numa = agent.agent.numa  # its own node_of: this machine's sysfs, one node
+    numa = agent.agent.caps["numa"]  # its own node_of: this machine's sysfs, one node
     wait_home(agent, gpu_child.pid, min(numa.nodes))
     (on, homed, remote), kernel = measure(agent, gpu_child, "spin 300")
     assert kernel >= 20 * MS, kernel  # the spin ran (on two busy CPUs it may get a third of its 300 ms)
@@ -91,7 +91,7 @@ def test_local_home_all_time_local_and_equal_to_schedstat(agent, gpu_child):
 def test_a_request_that_never_switches_out_counts_its_cpu_time(agent, gpu_child):
     """begin, 150 ms of spinning, end, in one step: the slice that holds the whole request ends after
     it, so only the split at its begin and end (slice_split) gives the request its CPU time."""
-    numa = agent.agent.numa
+    numa = agent.agent.caps["numa"]
     wait_home(agent, gpu_child.pid, min(numa.nodes))
     settle(gpu_child)
     v0, n0 = gpu_child.switches()
@@ -131,7 +131,7 @@ def test_a_processs_first_request_counts_its_cpu_time(agent):
 
 def test_a_home_on_another_node_makes_all_time_remote(agent, gpu_child, monkeypatch):
     """Node 1 where this machine has only node 0: every slice ran off the home node."""
-    numa = agent.agent.numa
+    numa = agent.agent.caps["numa"]
     elsewhere = max(numa.nodes) + 1
     monkeypatch.setattr(numa, "node_of", lambda bdf: elsewhere)
     wait_home(agent, gpu_child.pid, elsewhere)
@@ -171,9 +171,9 @@ def test_without_a_home_time_is_counted_and_locality_left_unknown(agent, child):
     assert e1 - e0 >= 20 * MS and close_to(oncpu, e1 - e0), (oncpu, e1 - e0)
     assert not [k for k in span.attributes if k.startswith("hostagent.numa.")], dict(span.attributes)
     agent.agent._read_maps()
-    from mcp_hostagent.core.processes import numa_rows
+    from mcp_hostagent.numa.capability import cpu_rows
     _, c = agent.agent.processes.rows[child.pid]
-    assert [a["hostagent.numa.locality"] for _, a in numa_rows(c)] == ["unknown"]
+    assert [a["hostagent.numa.locality"] for _, a in cpu_rows(c)] == ["unknown"]
 
 
 def test_homes_follow_nvmls_list_and_the_process_exit(agent, monkeypatch):
@@ -182,7 +182,7 @@ def test_homes_follow_nvmls_list_and_the_process_exit(agent, monkeypatch):
     a, b = Child(), Child()
     try:
         a.do("begin 505", "end 505")
-        numa = agent.agent.numa
+        numa = agent.agent.caps["numa"]
         listed = {a.pid: {GPU}}
         monkeypatch.setattr(numa, "gpu_processes", lambda: dict(listed))
         wait_home(agent, a.pid, min(numa.nodes))

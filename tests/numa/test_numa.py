@@ -7,10 +7,11 @@ import json
 import os
 from pathlib import Path
 
-from mcp_hostagent.core.records import Counters
-from mcp_hostagent.core.processes import numa_rows
-from mcp_hostagent.numa.capability import Numa, device_node, home_nodes, nodes
-from mcp_hostagent.requests.telemetry import NUMA_REMOTE_RATIO, NUMA_REMOTE_TIME, counter_attributes
+from conftest import unstarted_agent
+from mcp_hostagent.core.decode import Counters
+from mcp_hostagent.core.topology import numa_nodes as nodes
+from mcp_hostagent.numa.capability import (NUMA_REMOTE_RATIO, NUMA_REMOTE_TIME, cpu_rows as numa_rows, device_node,
+                                           home_nodes, remote_attributes)
 
 H200 = json.loads((Path(__file__).parent.parent / "fixtures" / "gpu" / "nvlink_numa_h200.json").read_text())
 
@@ -68,8 +69,8 @@ def test_home_only_where_all_of_a_process_gpus_share_a_node():
 
 
 def test_numa_is_reported_off_without_the_switch_probe(tmp_path):
-    n = Numa(sysfs_root=sysfs(tmp_path, H200["nodes"], {}))
-    (st,) = n.start({}, switch_attached=False)
+    n = unstarted_agent(sysfs_root=sysfs(tmp_path, H200["nodes"], {})).caps["numa"]
+    (st,) = n.start()  # not started: sched_switch not attached
     assert st.state == "disabled" and "sched_switch" in st.reason
     n.tick()  # nothing to write to
 
@@ -77,12 +78,11 @@ def test_numa_is_reported_off_without_the_switch_probe(tmp_path):
 def test_remote_share_only_with_a_home():
     """A measured 0 when the process had a home, absent (never a false 0) when it had none."""
     s = 1_000_000_000
-    homed = counter_attributes(Counters(oncpu_ns=2 * s, oncpu_homed_ns=2 * s, oncpu_remote_ns=0))
+    homed = remote_attributes(Counters(oncpu_ns=2 * s, oncpu_homed_ns=2 * s, oncpu_remote_ns=0))
     assert homed[NUMA_REMOTE_TIME] == 0 and homed[NUMA_REMOTE_RATIO] == 0
-    assert homed["hostagent.oncpu.time"] == 2.0
-    part = counter_attributes(Counters(oncpu_ns=4 * s, oncpu_homed_ns=2 * s, oncpu_remote_ns=s // 2))
+    part = remote_attributes(Counters(oncpu_ns=4 * s, oncpu_homed_ns=2 * s, oncpu_remote_ns=s // 2))
     assert part[NUMA_REMOTE_RATIO] == 0.25 and part[NUMA_REMOTE_TIME] == 0.5
-    none = counter_attributes(Counters(oncpu_ns=2 * s))
+    none = remote_attributes(Counters(oncpu_ns=2 * s))
     assert NUMA_REMOTE_TIME not in none and NUMA_REMOTE_RATIO not in none
 
 
@@ -99,11 +99,10 @@ def test_process_rows_by_locality():
 def test_exported_locality_never_goes_backwards(tmp_path):
     """The kernel adds a slice to homed, then to remote: a read between the two sees local one slice
     high, and the next read one slice lower. The exported counter holds its highest value."""
-    from mcp_hostagent.core.processes import Processes
-
-    procs = Processes(proc_root=str(tmp_path))
+    agent = unstarted_agent(proc_root=str(tmp_path))
+    procs = agent.processes
     attrs = {"process.pid": 10, "process.executable.name": "srv", "process.creation.time": "t0"}
-    (inst,) = [i for i in procs.instruments() if i.name == "hostagent.process.numa.cpu.time"]
+    (inst,) = [i for i in agent.caps["numa"].instruments() if i.name == "hostagent.process.numa.cpu.time"]
 
     def local_after(homed, remote):
         procs.set_rows({10: (attrs, Counters(oncpu_ns=homed, oncpu_homed_ns=homed, oncpu_remote_ns=remote))}, {})

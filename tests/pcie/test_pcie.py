@@ -19,7 +19,7 @@ from mcp_hostagent.core.tracefs import (
     RecordError, TracepointFormat, Unavailable, decode_captured, decode_record, iter_trace_page, load_formats,
     parse_format,
 )
-from mcp_hostagent.gpuhealth.tracepoints import HEALTH_EVENTS, MISSING_WHY
+from mcp_hostagent.registry import UNIT
 from mcp_hostagent.gpuhealth.xid import NVIDIA_DEV_XID_FORMAT, decode_xid
 from mcp_hostagent.pcie.episodes import LinkJudge
 from mcp_hostagent.pcie.records import AER_EVENT_FORMAT as DERIVED_AER_FORMAT
@@ -390,6 +390,11 @@ def test_aer_event_format_and_record():
     assert (rec["dev_name"], rec["status"], rec["severity"], rec["tlp_header"]) == ("0000:00:1c.0", 64, 2, bytes(16))
 
 
+# the raw tracepoints the GPU and PCIe capabilities copy, and why each may be absent (their probe rows)
+HEALTH_EVENTS = ("ras/aer_event", "pci/pcie_link_event", "nvidia/nvidia_dev_xid")
+MISSING_WHY = {p.tracepoint.replace(":", "/"): p.absent for p in UNIT.probes if p.absent}
+
+
 def test_link_event_formats_degrade_with_a_reason(tmp_path):
     empty = load_formats(str(tmp_path), HEALTH_EVENTS, MISSING_WHY)
     assert all(isinstance(v, Unavailable) and "tracefs not mounted" in v.reason for v in empty.values())
@@ -557,10 +562,10 @@ def test_aer_event_on_a_device_with_counters_is_not_counted_twice(sysroot):
 def test_nvml_xid_span_event_has_no_message_attribute():
     """NVML's Xid events carry no driver text: the span event leaves hostagent.gpu.xid.message off rather
     than handing OTel a None (which it drops with a warning)."""
-    from mcp_hostagent.gpuhealth.capability import GpuHealth
+    from conftest import unstarted_agent
     from mcp_hostagent.gpuhealth.xid import XidEvent
 
-    g = GpuHealth(enabled=False)
+    g = unstarted_agent({"gpu.enabled": False}).caps["gpuhealth"]
     g.xids.append(XidEvent(100, 0, "GPU-x", "0000:00:06.0", 31, pid=4242))
     g.xids.append(XidEvent(200, 0, "GPU-x", "0000:00:06.0", 79, source="bpf", msg="fallen off the bus", pid=4242))
     (a, b) = [attrs for _, _, attrs in g.events_between(4242, 0, 1000)]

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from mcp_hostagent.reclaim import memstat
-from mcp_hostagent.core.records import C
+from mcp_hostagent.reclaim.records import C
 from test_bpf_requests import TP, Child
 
 pytestmark = pytest.mark.bpf
@@ -112,7 +112,7 @@ def test_memcg_reclaim_per_request_matches_vmstat(make_agent, memcg):
         t0, vm0 = totals(a), memstat.read_vmstat()
         child.do(f"begin 201 {TP}", f"write {f} 512", "spin 300")
         # keep the request open until the cgroup's storm episode is open, so the span links to it
-        assert wait_for(lambda: [e for e in a.agent.reclaim.open_storms() if e.scope != "host"], 10), \
+        assert wait_for(lambda: [e for e in a.agent.caps["reclaim"].open_storms() if e.scope != "host"], 10), \
             "no cgroup reclaim-storm episode opened"
         child.do("end 201")
         t1, vm1 = totals(a), memstat.read_vmstat()
@@ -168,7 +168,7 @@ def test_a_cgroup_storm_links_exactly_its_victims(make_agent, memcg):
         outside.do("begin 402", "spin 1")
         inside.do(f"begin 401 {TP}", f"write {f} 256", "end 401")  # ends before the storm is decided
         outside.do("end 402")
-        assert wait_for(lambda: [e for e in a.agent.reclaim.open_storms() if e.scope != "host"], 10), \
+        assert wait_for(lambda: [e for e in a.agent.caps["reclaim"].open_storms() if e.scope != "host"], 10), \
             "no cgroup reclaim-storm episode opened"
         time.sleep(2.5 * a.cfg.reclaim_window_s)  # the pressure is over: the next windows are quiet
         inside.do("begin 403", "spin 50", "end 403")
@@ -185,7 +185,7 @@ def test_a_cgroup_storm_links_exactly_its_victims(make_agent, memcg):
         assert not [ln for ln in spans[403].links if ln.attributes["hostagent.link.type"] == "reclaim_storm"]
         assert storm[0].attributes["hostagent.storm.victims"] == len(linked)
         assert not [s for s in a.spans() if s.name == "hostagent.reclaim_storm" and s.attributes["hostagent.storm.scope"] == "host"]
-        assert a.agent.reclaim.storms["host"].episode is None
+        assert a.agent.caps["reclaim"].storms["host"].episode is None
     finally:
         inside.close()
         outside.close()
@@ -202,17 +202,17 @@ def test_an_oom_kill_in_a_memcg_ends_its_request_and_says_so(make_agent, memcg):
         pytest.fail(f"oom:mark_victim not attached: {a.agent.plan.statuses['oom_kill'].reason}")
     cg_path, add = memcg
     child = Child()
-    kills0, vm0 = sum(a.agent.reclaim.oom_counts.values()), memstat.read_vmstat()
+    kills0, vm0 = sum(a.agent.caps["reclaim"].oom_counts.values()), memstat.read_vmstat()
     try:
         child.do("spin 1")
         add(child.pid)
         child.p.stdin.write(f"begin 501 {TP}\ntouch 65536\n")  # 256 MiB of first touches: killed on the way
         child.p.stdin.flush()
         assert child.p.wait(30) == -9, "the child was not OOM-killed"
-        assert wait_for(lambda: sum(a.agent.reclaim.oom_counts.values()) > kills0, 10), "no oom:mark_victim record"
+        assert wait_for(lambda: sum(a.agent.caps["reclaim"].oom_counts.values()) > kills0, 10), "no oom:mark_victim record"
         vm1 = memstat.read_vmstat()
-        assert sum(a.agent.reclaim.oom_counts.values()) - kills0 == vm1["oom_kill"] - vm0["oom_kill"] >= 1
-        (path, kill), = [(p, k) for t, p, k in a.agent.reclaim.oom_kills if t == child.pid]
+        assert sum(a.agent.caps["reclaim"].oom_counts.values()) - kills0 == vm1["oom_kill"] - vm0["oom_kill"] >= 1
+        (path, kill), = [(p, k) for t, p, k in a.agent.caps["reclaim"].oom_kills if t == child.pid]
         assert path.endswith("/" + os.path.basename(cg_path))  # the victim's memory cgroup, read at the kill
         assert kill.scope == "memcg" and kill.comm.startswith("python") and kill.victim == child.pid
         if kill.anon_rss_kb is not None:  # kernels >= 6.8: the victim's memory, as the kernel counted it
@@ -360,13 +360,15 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent, untraced):
     opened: list = []
 
     def storm_opened():
-        return [e for e in a.agent.reclaim.open_storms() if e.scope == "host"]
+        return [e for e in a.agent.caps["reclaim"].open_storms() if e.scope == "host"]
 
     try:
         child.do("spin 1")
         t0, vm0 = steady_totals(a)
         child.do(f"begin 202 {TP}")
         tried = []
+        kswapd = memstat.KswapdThreads()  # the kernel's own accounting of kswapd's CPU time
+        kswapd.find()
         for attempt in range(1, 4):
             # A fresh sparse file per reader (one already read is cached and makes no pressure); more
             # readers each attempt. In CI the pressure sometimes did not take (MemFree stayed ~3 GiB
@@ -380,10 +382,10 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent, untraced):
                 with open(srcs[-1], "wb") as fh:
                     fh.truncate(64 << 30)  # sparse: reading it makes clean page cache
                 readers.append(subprocess.Popen(["timeout", "40", "cat", srcs[-1]], stdout=subprocess.DEVNULL))
-            ticks0, w0 = sum(memstat.kswapd_cpu_ticks().values()), time.monotonic()
+            ticks0, w0 = sum(kswapd.cpu_ticks().values()), time.monotonic()
             child.do("touch 65536")
             opened = wait_for(storm_opened, 25)
-            kswapd_busy = (sum(memstat.kswapd_cpu_ticks().values()) - ticks0) / CLK_TCK / (time.monotonic() - w0)
+            kswapd_busy = (sum(kswapd.cpu_ticks().values()) - ticks0) / CLK_TCK / (time.monotonic() - w0)
             tried.append((attempt, round(kswapd_busy, 3), _meminfo()["MemFree"], open(MIN_FREE).read().strip(),
                           [r.poll() for r in readers]))
             if opened or kswapd_busy >= 0.5:
@@ -393,7 +395,7 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent, untraced):
                 r.wait()
             readers = []
         child.do("end 202")
-        assert opened, ("no host reclaim-storm episode opened", a.agent.reclaim.last_rows.get("hostagent.reclaim.kswapd.utilization"),
+        assert opened, ("no host reclaim-storm episode opened", a.agent.caps["reclaim"].last_rows.get("hostagent.reclaim.kswapd.utilization"),
                         tried)
     finally:
         for r in readers:
@@ -405,11 +407,11 @@ def test_kswapd_storm_matches_vmstat_and_links_request(make_agent, untraced):
         if not opened:  # the assertion above failed: the request's child goes too
             child.close()
     try:
-        assert wait_for(lambda: not a.agent.reclaim.kswapd.awake_since, 20), "kswapd did not go back to sleep"
+        assert wait_for(lambda: not a.agent.caps["reclaim"].kswapd.awake_since, 20), "kswapd did not go back to sleep"
         # kswapd's CPU share from the last stimulus until it slept, by the kernel's accounting: it was
         # awake at least that share of those seconds, so the storm's peak awake ratio is not below it
         # (a storm can open on direct reclaim with kswapd barely busy: its peak is then small too)
-        kswapd_cpu = (sum(memstat.kswapd_cpu_ticks().values()) - ticks0) / CLK_TCK / (time.monotonic() - w0)
+        kswapd_cpu = (sum(kswapd.cpu_ticks().values()) - ticks0) / CLK_TCK / (time.monotonic() - w0)
         time.sleep(0.5)
         t1, vm1 = steady_totals(a)
         hidden = untraced.untraced()

@@ -150,11 +150,11 @@ class _Tel:
 
 
 def _reclaim(kswapd_attached=True):
-    from mcp_hostagent.config import load_config
-    from mcp_hostagent.reclaim.capability import Reclaim
+    from conftest import unstarted_agent
 
-    return Reclaim(None, load_config(None, env={}, overrides={}), telemetry=_Tel(), registry=None,
-                   kswapd_attached=kswapd_attached)
+    rc = unstarted_agent().caps["reclaim"]
+    rc.telemetry, rc.registry, rc.kswapd_attached = _Tel(), None, kswapd_attached
+    return rc
 
 
 def test_request_evidence_links_exactly_the_episodes_its_window_overlaps():
@@ -175,7 +175,7 @@ def test_request_evidence_links_exactly_the_episodes_its_window_overlaps():
     rc._paths.update({7: "/sys/fs/cgroup/job", 8: "/sys/fs/cgroup/other"})  # the processes' memory cgroups
 
     def links(t0, t1, tgid=7):
-        ev = rc.evidence(SimpleNamespace(begin_ns=t0, end_ns=t1, tgid=tgid))
+        ev = rc.evidence(SimpleNamespace(begin_ns=t0, end_ns=t1, tgid=tgid, tid=tgid, request_id=0))
         return [(ln.key, ln.attributes["hostagent.storm.scope"], ln.event.t_ns) for ln in ev.links]
 
     assert links(1_500, 1_800) == [(("storm", 1), "host", 1_500)]
@@ -188,9 +188,9 @@ def test_request_evidence_links_exactly_the_episodes_its_window_overlaps():
     rc.kswapd.wake(0, 1_000)
     rc.kswapd.sleep(0, 1_400)
     # kswapd awake 1_000..1_400 ns, the request 1_200..2_000: 200 ns together, in seconds
-    assert rc.evidence(SimpleNamespace(begin_ns=1_200, end_ns=2_000, tgid=7)).attributes == {
+    assert rc.evidence(SimpleNamespace(begin_ns=1_200, end_ns=2_000, tgid=7, tid=7, request_id=0)).attributes == {
         "hostagent.reclaim.kswapd.overlap.time": 200 / 1e9}
-    assert _reclaim(kswapd_attached=False).evidence(SimpleNamespace(begin_ns=0, end_ns=9, tgid=7)).attributes == {}
+    assert _reclaim(kswapd_attached=False).evidence(SimpleNamespace(begin_ns=0, end_ns=9, tgid=7, tid=7, request_id=0)).attributes == {}
 
 
 def test_a_storm_links_to_the_requests_that_ended_before_it_was_decided():
@@ -207,7 +207,7 @@ def test_a_storm_links_to_the_requests_that_ended_before_it_was_decided():
 
     def fin(name, tgid, t0, t1, stalled=False):
         rc.on_request(SimpleNamespace(tgid=tgid, begin_ns=t0, end_ns=t1,
-                                      counters=Counters(memcg_reclaims=int(stalled))), SimpleNamespace(span_id=name))
+                                      counters=Counters(memcg_reclaims=int(stalled))), None, SimpleNamespace(span_id=name))
 
     fin(1, 7, 100, 900, stalled=True)  # inside the first hot window, ended before the storm opened
     fin(2, 8, 100, 900)  # same time, another cgroup
@@ -385,7 +385,7 @@ def test_a_long_storm_that_closes_last_is_kept_for_the_requests_it_overlapped():
     long.end_ns, long.closed = 10_000, True
     rc._close(long)
     assert [c for c in rc.telemetry.calls if c[0] == "forget"] == [("forget", ("storm", 2))]  # the first short one
-    links = rc.evidence(SimpleNamespace(begin_ns=9_000, end_ns=11_000, tgid=1)).links
+    links = rc.evidence(SimpleNamespace(begin_ns=9_000, end_ns=11_000, tgid=1, tid=1, request_id=0)).links
     assert [ln.key for ln in links] == [("storm", 1)]
 
 

@@ -7,6 +7,7 @@ import ctypes
 import pytest
 
 from mcp_hostagent.core import records as R
+from mcp_hostagent.requests import records as RQ
 from mcp_hostagent.core import decode as D
 from mcp_hostagent.core.decode import Counters, DecodeError
 from mcp_hostagent.requests import records
@@ -28,12 +29,12 @@ def hdr(type_, size, tgid=10, tid=11, ts=1000, comm=b"srv"):
 
 
 def begin_bytes(rid=5, tp=TP, **kw):
-    return bytes(R.EvReqBegin(hdr(R.C["MCP_EV_REQ_BEGIN"], ctypes.sizeof(R.EvReqBegin), **kw), rid, tp))
+    return bytes(RQ.EvReqBegin(hdr(RQ.C["MCP_EV_REQ_BEGIN"], ctypes.sizeof(RQ.EvReqBegin), **kw), rid, tp))
 
 
 def end_bytes(rid=5, reason=0, begin_ns=1000, faults=3, **kw):
     kw.setdefault("ts", 5000)
-    return bytes(R.EvReqEnd(hdr(R.C["MCP_EV_REQ_END"], ctypes.sizeof(R.EvReqEnd), **kw), rid, begin_ns, reason, 0,
+    return bytes(RQ.EvReqEnd(hdr(RQ.C["MCP_EV_REQ_END"], ctypes.sizeof(RQ.EvReqEnd), **kw), rid, begin_ns, reason, 0,
                             R.Counters(faults, 1, 2, 300)))
 
 
@@ -42,7 +43,7 @@ def test_decode_begin_end_exit():
     assert isinstance(b, ReqBegin) and b.request_id == 5 and b.traceparent == TP and b.hdr.comm == b"srv"
     e = decode(end_bytes())
     assert isinstance(e, ReqEnd) and e.reason == "marked" and e.counters == Counters(3, 1, 2, 300)
-    x = decode(bytes(R.EvProcExit(hdr(R.C["MCP_EV_PROC_EXIT"], ctypes.sizeof(R.EvProcExit)), R.Counters(9, 0, 0, 0))))
+    x = decode(bytes(RQ.EvProcExit(hdr(RQ.C["MCP_EV_PROC_EXIT"], ctypes.sizeof(RQ.EvProcExit)), R.Counters(9, 0, 0, 0))))
     assert isinstance(x, ProcExit) and x.counters.faults == 9
 
 
@@ -98,10 +99,10 @@ def test_join_end_without_begin_record():
 
 def test_join_error_reasons_and_proc_exit():
     j = RequestJoiner()
-    fr = j.on_end(decode(end_bytes(reason=R.C["MCP_END_THREAD_EXIT"])))
+    fr = j.on_end(decode(end_bytes(reason=RQ.C["MCP_END_THREAD_EXIT"])))
     assert fr.end_reason == "thread_exit" and fr.is_error
     j.on_begin(decode(begin_bytes(tid=12)))
-    x = decode(bytes(R.EvProcExit(hdr(R.C["MCP_EV_PROC_EXIT"], ctypes.sizeof(R.EvProcExit), ts=9000), R.Counters())))
+    x = decode(bytes(RQ.EvProcExit(hdr(RQ.C["MCP_EV_PROC_EXIT"], ctypes.sizeof(RQ.EvProcExit), ts=9000), R.Counters())))
     (lost,) = j.on_proc_exit(x)
     assert lost.end_reason == "process_exit" and lost.tid == 12 and lost.is_error and not j.open
 
@@ -119,8 +120,11 @@ def test_rejected_counts_refusals_not_activity():
     """cu_launch_hits and cu_auto_watch count work done; a rejected metric holding them misleads (the
     H200 run showed 24001 'rejected' that were launches)."""
     from mcp_hostagent.core.health import AgentHealth
-    h = AgentHealth(kernel_stats={"rb_lost": 3, "cu_launch_hits": 24001, "cu_auto_watch": 2, "mark_bad": 4,
-                                  "begin_cap": 0})
+    from mcp_hostagent.registry import UNIT
+
+    h = AgentHealth(kernel_stats={"rb_lost": 3, "rb_http_lost": 1, "cu_launch_hits": 24001, "cu_auto_watch": 2,
+                                  "mark_bad": 4, "begin_cap": 0}, activity=UNIT.activity_stats())
+    assert h.kernel_lost() == 4
     h.rejected["decode_short"] += 1
     h.rejected["mark_bad"] += 1
     assert h.all_rejected() == {"mark_bad": 5, "begin_cap": 0, "decode_short": 1}

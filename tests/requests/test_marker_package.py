@@ -21,6 +21,7 @@ from conftest import wait_port
 
 import mcp_hostagent_marker as M
 from mcp_hostagent.core import records as R
+from mcp_hostagent.requests import records as RQ
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -29,11 +30,11 @@ HTTP_TESTS = os.path.join(REPO, "tests", "http")
 
 def test_wire_format_is_the_headers():
     assert (M.MAGIC, M.VERSION, M.MARK_CMD, M.OP_BEGIN, M.OP_END, M.TRACEPARENT_LEN) == (
-        R.C["MCP_MARK_MAGIC"], R.C["MCP_MARK_VERSION"], R.C["MCP_MARK_CMD"], R.C["MCP_OP_BEGIN"], R.C["MCP_OP_END"],
-        R.C["MCP_TRACEPARENT_LEN"])
-    assert ctypes.sizeof(M.Mark) == ctypes.sizeof(R.Mark) == 72
+        RQ.C["MCP_MARK_MAGIC"], RQ.C["MCP_MARK_VERSION"], RQ.C["MCP_MARK_CMD"], RQ.C["MCP_OP_BEGIN"], RQ.C["MCP_OP_END"],
+        RQ.C["MCP_TRACEPARENT_LEN"])
+    assert ctypes.sizeof(M.Mark) == ctypes.sizeof(RQ.Mark) == 72
     assert [(n, getattr(M.Mark, n).offset) for n, _ in M.Mark._fields_] == \
-        [(n, getattr(R.Mark, n).offset) for n, _ in R.Mark._fields_]
+        [(n, getattr(RQ.Mark, n).offset) for n, _ in RQ.Mark._fields_]
 
 
 TP00 = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -47,11 +48,11 @@ def _through_the_agent(traceparent):
     from mcp_hostagent.requests.join import RequestJoiner
 
     mark = M.Mark(M.MAGIC, M.VERSION, M.OP_BEGIN, 5, M._wire(M._as_bytes(traceparent)))
-    kernel = R.EvReqBegin(R.Hdr(R.C["MCP_EV_REQ_BEGIN"], ctypes.sizeof(R.EvReqBegin), 10, 11, 0, 1000, 77, b"srv"),
+    kernel = RQ.EvReqBegin(R.Hdr(RQ.C["MCP_EV_REQ_BEGIN"], ctypes.sizeof(RQ.EvReqBegin), 10, 11, 0, 1000, 77, b"srv"),
                           mark.request_id)
-    ctypes.memmove(ctypes.addressof(kernel) + R.EvReqBegin.traceparent.offset,
+    ctypes.memmove(ctypes.addressof(kernel) + RQ.EvReqBegin.traceparent.offset,
                    ctypes.addressof(mark) + M.Mark.traceparent.offset, M.TRACEPARENT_LEN)
-    end = R.EvReqEnd(R.Hdr(R.C["MCP_EV_REQ_END"], ctypes.sizeof(R.EvReqEnd), 10, 11, 0, 5000, 77, b"srv"),
+    end = RQ.EvReqEnd(R.Hdr(RQ.C["MCP_EV_REQ_END"], ctypes.sizeof(RQ.EvReqEnd), 10, 11, 0, 5000, 77, b"srv"),
                      5, 1000, 0, 0, R.Counters())
     j = RequestJoiner()
     j.on_begin(D.decode(bytes(kernel), records.DECODERS)[0])

@@ -20,7 +20,11 @@ import pytest
 
 from mcp_hostagent import __version__
 from mcp_hostagent.core.kernel import tracepoint_exists
-from mcp_hostagent.core.probes import PROBES, TRACEPOINT_KINDS, UPROBE_STATES, probe_names
+from mcp_hostagent.core.probes import TRACEPOINT_KINDS, UPROBE_STATES
+from mcp_hostagent.registry import UNIT
+
+PROBES = UNIT.probes
+probe_names = UNIT.probe_names
 from mcp_hostagent.exporters.files import metrics_path
 
 AGENT = [sys.executable, "-m", "mcp_hostagent"]
@@ -65,7 +69,7 @@ def tracepoint_probes():
 def default_off() -> set[str]:
     """Probes the default configuration turns off (group_fork: requests.group = cgroup)."""
     from mcp_hostagent.config import load_config
-    from mcp_hostagent.core.probes import switched_off
+    switched_off = UNIT.switched_off
 
     return set(switched_off(load_config(None, env={}, overrides={})))
 

@@ -14,6 +14,7 @@ from mcp_hostagent.core.decode import Counters
 from mcp_hostagent.exporters import build_exporters
 from mcp_hostagent.exporters.files import metrics_path
 from mcp_hostagent.core.processes import Processes
+from mcp_hostagent.requests import telemetry as requests_t
 from mcp_hostagent.telemetry.otel import SPAN_SCHEDULE_DELAY_MS, Telemetry, span_schedule_delay_ms
 from mcp_hostagent.core.timebase import Timebase
 
@@ -39,7 +40,7 @@ def test_processes_that_went_leave_no_metric_state(tmp_path):
     t = Telemetry(service_name="t", exporters=build_exporters(path, None), timebase=Timebase(), metric_interval_s=3600)
     procs = Processes()
     procs.on_gone = t.forget_processes
-    t.declare(procs.instruments())
+    t.declare([*procs.instruments(), *requests_t.process_instruments(procs)])  # the per-process rows' own and requests'
     zero = Counters(*[0] * len(dataclasses.fields(Counters)))
     starts = set()
     try:

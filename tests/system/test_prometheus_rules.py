@@ -71,27 +71,11 @@ def promtool(*args: str, cwd: Path | None = None) -> tuple[int, str]:
 # ---- what the agent exports ------------------------------------------------------------------------
 
 def declared_instruments() -> list:
-    """The Instrument declarations of every capability, built with nothing behind them (their read
-    functions are never called): the modules the agent declares from, plus
-    agent/telemetry/catalog.py's list where it exists (a union: neither may hide a name)."""
-    from mcp_hostagent.core.health import AgentHealth
-    from mcp_hostagent.core.processes import Processes
-    from mcp_hostagent.cuda import telemetry as cuda_t
-    from mcp_hostagent.gpuhealth import telemetry as gpu_t
-    from mcp_hostagent.nic import telemetry as nic_t
-    from mcp_hostagent.pcie import telemetry as pcie_t
-    from mcp_hostagent.reclaim import telemetry as reclaim_t
-    from mcp_hostagent.requests import telemetry as requests_t
+    """The Instrument declarations of every capability, as agent/catalog.py gathers them from an agent
+    made with the default config and nothing behind it (their read functions are never called)."""
+    from mcp_hostagent.catalog import all_instruments
 
-    insts = [*Processes().instruments(), *AgentHealth().instruments(None), *reclaim_t.INSTRUMENTS,
-             *requests_t.INSTRUMENTS, *cuda_t.INSTRUMENTS, *gpu_t.instruments(None),
-             *pcie_t.instruments(None, None), *nic_t.instruments(None)]
-    try:
-        from mcp_hostagent.telemetry.catalog import all_instruments
-    except ImportError:
-        pass
-    else:
-        insts += all_instruments()
+    insts = all_instruments()
     out = {}
     for i in insts:
         out.setdefault(i.name, i)

@@ -226,7 +226,7 @@ class InProcAgent:
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
         from mcp_hostagent.config import load_config
-        from mcp_hostagent.core.agent import Agent
+        from mcp_hostagent.registry import make_agent as Agent
 
         class Discard(SpanExporter):
             def export(self, spans):
@@ -251,7 +251,7 @@ class InProcAgent:
 
         self.agent.start()
         # before the loop's first poll: every record is counted, every finished request kept
-        self.agent.requests.listeners.append(lambda fr, ctx=None: self.finished.append(fr))
+        self.agent.path.listeners.append(lambda fr, span, ctx: self.finished.append(fr))
         self.agent.routes = {t: Route(r.struct, r.build, (count, *r.handlers)) for t, r in self.agent.routes.items()}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self.agent.run, args=(self._stop,), daemon=True)
@@ -293,11 +293,11 @@ def test_event_storm_overflows_ring_buffer_counted_logged_once_bounded(cbin, inp
     most records are lost. Each loss is a reserve failure counted in the kernel; user space counts
     what it then cannot pair (begin_lost / end_lost); both are exported as metrics; the agent logs
     the losses once (at most one line per 30 s), not per event; its memory stays flat."""
-    from mcp_hostagent.core import agent as pipeline
+    from mcp_hostagent.core.unit import Unit
 
-    settings = pipeline.bpf_settings
-    monkeypatch.setattr(pipeline, "bpf_settings",
-                        lambda cfg: {**settings(cfg), "MCP_RINGBUF_PAGES": 1, "MCP_REQ_RINGBUF_PAGES": 1,
+    settings = Unit.settings
+    monkeypatch.setattr(Unit, "settings",
+                        lambda self, cfg: {**settings(self, cfg), "MCP_RINGBUF_PAGES": 1, "MCP_REQ_RINGBUF_PAGES": 1,
                                      # off: it would refuse these begins before the ring overflows
                                      # (the pressure rule, test_security_blinding.py)
                                      "MCP_PRESSURE_BEGINS_PER_S": 0xFFFFFFFF})
@@ -319,7 +319,7 @@ def test_event_storm_overflows_ring_buffer_counted_logged_once_bounded(cbin, inp
     assert p.returncode == 0
     # the reader catches up; what the process left open goes at its exit record or at expiry
     ours = lambda: [fr for fr in ra.finished if fr.tgid == p.pid]  # noqa: E731
-    assert wait_until(lambda: not any(k[0] == p.pid for k in ra.agent.requests.joiner.open), 15), "open requests left"
+    assert wait_until(lambda: not any(k[0] == p.pid for k in ra.agent.caps["requests"].joiner.open), 15), "open requests left"
     time.sleep(0.5)  # two more map reads
     rss.append(rss_kb())
     fin = ours()
@@ -393,13 +393,13 @@ def exited(pid: int) -> bool:
 def per_pid_state(agent, pids: set[int]) -> dict[str, set[int]]:
     """Where any of `pids` (dead processes) still has state: the pipeline's, the CUDA module's, BPF maps'."""
     out: dict[str, set[int]] = {}
-    cp = agent.cuda
+    cp = agent.caps["cuda"].probes
     py = {
         "registry": set(agent.processes.registry._cache),
         "attrs_cache": set(agent.processes._attrs_cache),
         "exited": set(agent.processes._exited),
-        "joiner.open": {k[0] for k in agent.requests.joiner.open},
-        "joiner.stalls": {k[0] for k in agent.requests.joiner.stalls},
+        "joiner.open": {k[0] for k in agent.caps["requests"].joiner.open},
+        "reclaim.stalls": {k[0] for k in agent.caps["reclaim"].stalls},
         "snapshots.prev": set(agent.snapshots._prev),
         "cuda.fds": set(cp._fds) if cp else set(),
         "cuda.gone": set(cp._gone) if cp else set(),
@@ -428,8 +428,8 @@ def test_process_churn_per_pid_state_returns_to_baseline(cbin, build, inproc, mo
     saw alive exit before it writes watch_tgid (the race a busy host gives it)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from mcp_hostagent.core import agent as pipeline
     from mcp_hostagent.core import discovery, processes
+    from mcp_hostagent.core.unit import Unit
     from test_bpf_cuda import FAKE_DEV_GLOB, Driver, wait_attached
 
     monkeypatch.setattr(processes, "EXITED_KEEP_S", 2.0)  # exited processes' final rows: 30 s in production
@@ -445,17 +445,17 @@ def test_process_churn_per_pid_state_returns_to_baseline(cbin, build, inproc, mo
         return got
 
     monkeypatch.setattr(discovery, "watch_set", slow_watch_set)
-    settings = pipeline.bpf_settings  # the pressure rule off: this test is of per-pid state, not of load
-    monkeypatch.setattr(pipeline, "bpf_settings", lambda cfg: {**settings(cfg), "MCP_PRESSURE_BEGINS_PER_S": 0xFFFFFFFF})
+    settings = Unit.settings  # the pressure rule off: this test is of per-pid state, not of load
+    monkeypatch.setattr(Unit, "settings", lambda self, cfg: {**settings(self, cfg), "MCP_PRESSURE_BEGINS_PER_S": 0xFFFFFFFF})
     ra = inproc(keep_spans=True, process__watch="gpu", cuda__device_globs=("/dev/nvidia*", FAKE_DEV_GLOB))
     a = ra.agent
-    assert a.cuda is not None, a.plan.statuses
-    a.cuda.keep_exited_s = 2.0  # 30 s in production
+    assert a.caps["cuda"].probes is not None, a.plan.statuses
+    a.caps["cuda"].probes.keep_exited_s = 2.0  # 30 s in production
     dev = f"/dev/shm/mcp-fake-nvidia-churn{os.getpid()}"
     open(dev, "w").close()
     keeper = Driver(build, build.lib)  # keeps the library mapped, so it stays attached through the churn
     try:
-        wait_attached(SimpleNamespace(cp=a.cuda), build.lib, keeper.pid, timeout=90)
+        wait_attached(SimpleNamespace(cp=a.caps["cuda"].probes), build.lib, keeper.pid, timeout=90)
         lost0 = a.health.kernel_lost()
         marked: dict[int, int] = {}  # request id -> pid
 

@@ -22,7 +22,7 @@ import pytest
 
 from mcp_hostagent import config as C
 from mcp_hostagent import control
-from mcp_hostagent.requests import traceparent
+from mcp_hostagent.core import traceparent
 from mcp_hostagent.exporters import build_exporters
 from mcp_hostagent.exporters.files import UnsafeFileError, check_jsonl_path
 from mcp_hostagent.exporters.jsonl import JsonlSpanExporter, JsonlWriter

@@ -25,10 +25,11 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
-import functools
 from types import SimpleNamespace
 
 import pytest
+
+from conftest import unstarted_agent
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "TRACEQL.md"
@@ -58,28 +59,22 @@ def exported():
     from mcp_hostagent.core.identity import ProcessInfo, ProcessRegistry
     from mcp_hostagent.core.timebase import Timebase
     from mcp_hostagent.cuda import telemetry as cuda_t
-    from mcp_hostagent.cuda.capability import Cuda
     from mcp_hostagent.cuda.steps import GpuStep
     from mcp_hostagent.exporters import Exporters
     from mcp_hostagent.exporters.counting import CountingSpanExporter, ExportStats
-    from mcp_hostagent.gpuhealth.capability import GpuHealth
     from mcp_hostagent.gpuhealth.nvml import GpuAggregate
     from mcp_hostagent.gpuhealth.xid import XidEvent
-    from mcp_hostagent.nic.capability import Nic
     from mcp_hostagent.nic.netlink import LinkEvent
     from mcp_hostagent.pcie import telemetry as pcie_t
-    from mcp_hostagent.pcie.capability import Pcie
     from mcp_hostagent.pcie.episodes import LinkEpisode
     from mcp_hostagent.pcie.records import AerRecord, LinkEventRecord
     from mcp_hostagent.reclaim import memstat
     from mcp_hostagent.reclaim import telemetry as reclaim_t
-    from mcp_hostagent.reclaim.capability import Reclaim
     from mcp_hostagent.reclaim.oom import OomKill
     from mcp_hostagent.reclaim.records import ReclaimStall
     from mcp_hostagent.reclaim.rule import Episode
-    from mcp_hostagent.requests import telemetry as requests_t
-    from mcp_hostagent.requests.join import FinishedRequest
-    from mcp_hostagent.requests.traceparent import TraceParent
+    from mcp_hostagent.core.request import FinishedRequest
+    from mcp_hostagent.core.traceparent import TraceParent
     from mcp_hostagent.telemetry.otel import Telemetry
 
     memory, stats = InMemorySpanExporter(), ExportStats()
@@ -117,45 +112,41 @@ def exported():
             tgid=4242, tid=4250, request_id=0xABC, comm=b"vllm", cgroup_id=77, begin_ns=120 * ms, end_ns=320 * ms,
             parent=TraceParent(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, 1),
             traceparent_state="valid", end_reason="marked",
-            counters=Counters(**{f: 150 * ms for f in COUNTER_FIELDS}),
-            stalls=(ReclaimStall(Header(0, 4242, 4250, 0, 200 * ms, 77, b"vllm"), "direct", 190 * ms, 32, 0xCC0, 0,
-                                 0xABC),))
+            counters=Counters(**{f: 150 * ms for f in COUNTER_FIELDS}))
 
-        # each capability's own evidence(), on faked state
-        reclaim = SimpleNamespace(kswapd_attached=True, kswapd=SimpleNamespace(active_ns=lambda t0, t1, nid=None: 5 * ms),
-                                  episodes=list(enumerate(storms)), _paths={fr.tgid: CGROUP})  # the request's memory cgroup
-        reclaim._hit = functools.partial(Reclaim._hit, reclaim)
-        reclaim._path_of = functools.partial(Reclaim._path_of, reclaim)
+        # the registry's capabilities, made as `run` makes them, their state set as their sources set it;
+        # the one request path renders the span (core/request.py RequestPath.span)
+        agent = unstarted_agent()
+        reclaim, gpu, pcie, nic, cuda = (agent.caps[n] for n in ("reclaim", "gpuhealth", "pcie", "nic", "cuda"))
+        reclaim.kswapd_attached = True
+        reclaim.kswapd = SimpleNamespace(active_ns=lambda t0, t1, nid=None: 5 * ms)
+        reclaim.episodes = list(enumerate(storms))
+        reclaim._paths = {fr.tgid: CGROUP}  # the request's memory cgroup
+        reclaim.stalls[(fr.tgid, fr.tid, fr.request_id)] = (
+            ReclaimStall(Header(0, 4242, 4250, 0, 200 * ms, 77, b"vllm"), "direct", 190 * ms, 32, 0xCC0, 0, 0xABC),)
         reclaim.oom_kills = [(fr.tgid, CGROUP, OomKill(fr.tgid, "vllm", 1 << 20, 0, 0, 0, ts_ns=150 * ms, scope="memcg"))]
-        reclaim.oom_evidence = functools.partial(Reclaim.oom_evidence, reclaim)
         agg = GpuAggregate(index=0, uuid="GPU-8a1c", pci_bus_id=GPU_BDF, samples=4, util_gpu_mean_pct=35.0,
                            util_gpu_max_pct=90, util_mem_mean_pct=20.0, util_mem_max_pct=40,
                            mem_used_max_bytes=60 << 30, sm_clock_min_mhz=900, sm_clock_max_mhz=1980,
                            mem_clock_min_mhz=2600, throttle_reasons=("hw_thermal_slowdown",), power_max_mw=650_000,
                            temperature_max_c=88, pcie_gen_min=4, pcie_width_min=8, pcie_replays=2,
                            process_mem_max_bytes=40 << 30, process_sm_util_mean_pct=30.0)
-        gpu = SimpleNamespace(
-            gpus_of=lambda pid: {0: GPU_BDF, 1: "0000:5e:00.0"},
-            sampler=SimpleNamespace(aggregate=lambda g, t0, t1, pid=None: agg),
-            xids=[XidEvent(200 * ms, 0, "GPU-8a1c", GPU_BDF, 79, "bpf", "GPU has fallen off the bus.", 4242)])
-        gpu.request_attributes = lambda *a: GpuHealth.request_attributes(gpu, *a)
-        gpu.events_between = lambda *a: GpuHealth.events_between(gpu, *a)
-        pcie = SimpleNamespace(gpus_of=gpu.gpus_of, links=links, pcie_events=[], pcie_event_counts=Counter(),
-                               last_pcie=SimpleNamespace(paths={GPU_BDF: (BRIDGE_BDF,)}),
-                               judge=SimpleNamespace(note_aer_event=lambda *a: None),
-                               poller=SimpleNamespace(_clock=lambda: 0), _polled_ns=0)
-        pcie.events_between = lambda *a: Pcie.events_between(pcie, *a)
-        Pcie.on_aer(pcie, AerRecord(BRIDGE_BDF, "nonfatal", 0x20, ("Undefined", "DLP"), 0), 200 * ms)
-        Pcie.on_link_event(pcie, LinkEventRecord(BRIDGE_BDF, "autonomous", 16.0, 16.0, 8, 0, 0x2000, 0), 210 * ms)
-        nic = SimpleNamespace(nic_events=[LinkEvent(220 * ms, "eth2", 3, "carrier_down", False, "down", 100_000, 100_000, 2)])
-        cuda = Cuda(processes=None, health=None)
+        gpu.gpus_of = lambda pid: {0: GPU_BDF, 1: "0000:5e:00.0"}
+        gpu.sampler = SimpleNamespace(aggregate=lambda g, t0, t1, pid=None: agg)
+        gpu.xids = [XidEvent(200 * ms, 0, "GPU-8a1c", GPU_BDF, 79, "bpf", "GPU has fallen off the bus.", 4242)]
+        pcie.gpus_of, pcie.links = gpu.gpus_of, links
+        pcie.last_pcie = SimpleNamespace(paths={GPU_BDF: (BRIDGE_BDF,)})
+        pcie.judge = SimpleNamespace(note_aer_event=lambda *a: None)
+        pcie.poller = SimpleNamespace(_clock=lambda: 0)
+        pcie.on_aer(AerRecord(BRIDGE_BDF, "nonfatal", 0x20, ("Undefined", "DLP"), 0), 200 * ms)
+        pcie.on_link_event(LinkEventRecord(BRIDGE_BDF, "autonomous", 16.0, 16.0, 8, 0, 0x2000, 0), 210 * ms)
+        nic.nic_events = [LinkEvent(220 * ms, "eth2", 3, "carrier_down", False, "down", 100_000, 100_000, 2)]
         cuda.probes = SimpleNamespace(  # cuLaunchKernel duty-cycled
             launch_coverage=lambda pid, t0, t1: {"cu_launch": (0.4, 0.6)})
-        evidence = (Reclaim.evidence(reclaim, fr) + GpuHealth.evidence(gpu, fr) + Pcie.evidence(pcie, fr)
-                    + Nic.evidence(nic, fr)
-                    + cuda.evidence(fr))
-        assert evidence.links and evidence.events, "the harness should produce links and events"
-        t.span(requests_t.request_span(fr, proc, evidence))
+        spec = agent.path.span(fr, proc)
+        assert spec.links and spec.events and spec.children, "the harness should produce links, events and a stall"
+        assert not agent.health.rejected, agent.health.rejected
+        t.span(spec)
 
         step = GpuStep(Header(0, 4242, 4251, 0, 400 * ms, 77, b"vllm"), 300 * ms, 80 * ms, "stream",
                        Counters(**{f: 3 for f in COUNTER_FIELDS}))

@@ -1,5 +1,5 @@
 """docs/TELEMETRY.md's metric tables against the instruments the capabilities declare
-(agent/telemetry/catalog.py): same names, kinds and units, none missing on either side. The table
+(agent/catalog.py): same names, kinds and units, none missing on either side. The table
 had drifted from the export before (units in names and unit fields that disagreed)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from mcp_hostagent.exporters.prometheus import metric_name
-from mcp_hostagent.telemetry.catalog import all_instruments
+from mcp_hostagent.catalog import all_instruments
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "TELEMETRY.md"
 ROW = re.compile(r"^\| `([a-z][a-z0-9_.]*)` \| (counter|gauge|histogram) \| ([^|]*) \|")

@@ -25,8 +25,9 @@ from mcp_hostagent.cuda.steps import GpuStep
 from mcp_hostagent.exporters import Exporters
 from mcp_hostagent.exporters.counting import CountingSpanExporter, ExportStats
 from mcp_hostagent.reclaim.records import ReclaimStall
-from mcp_hostagent.requests import telemetry as req_t
-from mcp_hostagent.requests.join import FinishedRequest
+from mcp_hostagent.core import request as req_t
+from mcp_hostagent.core.request import FinishedRequest
+from mcp_hostagent.reclaim.telemetry import stall_span
 from mcp_hostagent.telemetry import otel
 from mcp_hostagent.telemetry.otel import LOG2_SLOTS, Telemetry, instance_id, log2_histogram_point
 from mcp_hostagent.telemetry.spec import Instrument, Log2Buckets, SpanSpec
@@ -227,10 +228,31 @@ PROC = {"process.pid": 10, "process.executable.name": "srv", "process.command_li
         "hostagent.cgroup.path": "/sys/fs/cgroup/kubepods.slice/x.scope"}
 
 
-def finished_request(tgid=10, tid=11, request_id=0xABC, end_ns=3_500_000, stalls=()) -> FinishedRequest:
+def finished_request(tgid=10, tid=11, request_id=0xABC, end_ns=3_500_000) -> FinishedRequest:
     return FinishedRequest(tgid=tgid, tid=tid, request_id=request_id, comm=b"srv", cgroup_id=4242, begin_ns=1_000_000,
                            end_ns=end_ns, parent=None, traceparent_state="missing", end_reason="marked",
-                           counters=Counters(faults=3, offcpu_ns=2_000_000), stalls=stalls)
+                           counters=Counters(faults=3, offcpu_ns=2_000_000))
+
+
+class _Req:
+    """The request span as the registry's request path makes it (an agent made, not started), with the
+    given evidence beside its own."""
+
+    _agent = None
+
+    @classmethod
+    def request_span(cls, fr, proc, ev, stalls=()):
+        if cls._agent is None:
+            from mcp_hostagent.config import load_config
+            from mcp_hostagent.registry import make_agent
+
+            cls._agent = make_agent(load_config(None, env={}), nvml_module=object())
+        attrs, _ = cls._agent.path.evidence(fr)
+        return SpanSpec(req_t.SPAN_NAME, fr.begin_ns, fr.end_ns, {**attrs, **ev.attributes},
+                        children=tuple(stall_span(s) for s in stalls), resource=proc)
+
+
+spans_of = _Req
 
 
 def hdr(tgid=10, tid=11, ts_ns=0) -> Header:
@@ -240,7 +262,7 @@ def hdr(tgid=10, tid=11, ts_ns=0) -> Header:
 def test_request_span_resource_is_the_agent_resource_plus_the_process_identity():
     tel, memory = telemetry()
     stall = ReclaimStall(hdr(ts_ns=1_600_000), "direct", 1_200_000, 32, 0xCC0, 0, 0xABC)
-    tel.span(req_t.request_span(finished_request(stalls=(stall,)), PROC, Evidence({"hostagent.gpu.index": 0})))
+    tel.span(spans_of.request_span(finished_request(), PROC, Evidence({"hostagent.gpu.index": 0}), stalls=(stall,)))
     spans = {s.name: s for s in finished(tel, memory)}
     req, st = spans["hostagent.request"], spans["hostagent.reclaim.stall"]
     res = dict(req.resource.attributes)
@@ -261,9 +283,9 @@ def test_request_span_resource_is_the_agent_resource_plus_the_process_identity()
 def test_each_process_gets_its_resource_and_the_agent_spans_keep_the_agent_one():
     tel, memory = telemetry()
     other = {**PROC, "process.pid": 20, "process.command_line": "srv --port 81"}
-    tel.span(req_t.request_span(finished_request(request_id=1), PROC, NONE))
-    tel.span(req_t.request_span(finished_request(tgid=20, tid=21, request_id=2), other, NONE))
-    tel.span(req_t.request_span(finished_request(request_id=3), dict(PROC), NONE))  # equal: the same resource
+    tel.span(spans_of.request_span(finished_request(request_id=1), PROC, NONE))
+    tel.span(spans_of.request_span(finished_request(tgid=20, tid=21, request_id=2), other, NONE))
+    tel.span(spans_of.request_span(finished_request(request_id=3), dict(PROC), NONE))  # equal: the same resource
     step = GpuStep(hdr(tgid=20, tid=22, ts_ns=9_000), 1_000, 700, "stream", Counters(cu_launch=7))
     tel.span(cuda_t.step_span(step, other))
     tel.open("storm", SpanSpec("hostagent.reclaim_storm", 100, None, {"hostagent.storm.scope": "host"}))
@@ -297,7 +319,7 @@ def test_process_providers_are_bounded_and_freed(monkeypatch):
     tel, memory = telemetry()
     monkeypatch.setattr(otel, "TracerProvider", provider)
     for pid in range(1, 12):
-        tel.span(req_t.request_span(finished_request(tgid=pid), {**PROC, "process.pid": pid}, NONE))
+        tel.span(spans_of.request_span(finished_request(tgid=pid), {**PROC, "process.pid": pid}, NONE))
     assert len(made) == 11 and len(tel._process_tracers) == 4
     assert [dict(k)["process.pid"] for k in tel._process_tracers] == [8, 9, 10, 11]  # the latest
     assert len(finished(tel, memory)) == 11  # the shared processor exported them all
@@ -306,7 +328,7 @@ def test_process_providers_are_bounded_and_freed(monkeypatch):
     # nothing (such as the SDK's atexit hook) keeps a process's provider: the agent keeps the latest
     # processes' tracers only (each with its resource), or every process it ever saw would stay in memory
     assert [r() is None for r in made] == [True] * 11
-    tel.span(req_t.request_span(finished_request(tgid=3), {**PROC, "process.pid": 3}, NONE))  # again: a new one
+    tel.span(spans_of.request_span(finished_request(tgid=3), {**PROC, "process.pid": 3}, NONE))  # again: a new one
     assert len(made) == 12 and [dict(k)["process.pid"] for k in tel._process_tracers] == [9, 10, 11, 3]
     assert [s.resource.attributes["process.pid"] for s in finished(tel, memory)] == [3]
     tel.shutdown()
@@ -314,8 +336,18 @@ def test_process_providers_are_bounded_and_freed(monkeypatch):
 
 # ---- per-process metrics: bounded labels ----
 
+def process_instruments(tmp_path):
+    """Every per-process metric: the core's (/proc accounting) and each capability's of its counters."""
+    from mcp_hostagent.config import load_config
+    from mcp_hostagent.registry import make_agent
+
+    agent = make_agent(load_config(None, env={}), proc_root=str(tmp_path), nvml_module=object())
+    insts = [*agent.processes.instruments(), *(i for cap in agent.caps.values() for i in cap.instruments())]
+    return agent.processes, [i for i in insts if i.name.startswith(("hostagent.process.", "process."))]
+
+
 def test_per_process_metrics_carry_no_command_line_only_bounded_identity(tmp_path):
-    procs = Processes(proc_root=str(tmp_path))
+    procs, insts = process_instruments(tmp_path)
     procs.set_rows({10: (PROC, Counters(faults=5, vcsw=2, ivcsw=1, offcpu_ns=3_000_000, direct_reclaims=1,
                                         direct_reclaim_ns=400, cu_launch=9, cu_sync_ns=7_000, cu_ctx_ns=80,
                                         offcpu_runnable_ns=2_000, wakeup_wait_ns=5_000, oncpu_ns=9_000,
@@ -325,7 +357,7 @@ def test_per_process_metrics_carry_no_command_line_only_bounded_identity(tmp_pat
     bounded = {k: PROC[k] for k in METRIC_IDENTITY}
     assert bounded == {"process.pid": 10, "process.executable.name": "srv", "container.id": "c" * 64,
                        "k8s.pod.uid": "9b7e1f0c-0000-4000-8000-000000000001"}
-    rows = {i.name: (i.unit, i.read()) for i in procs.instruments()}
+    rows = {i.name: (i.unit, i.read()) for i in insts}
     assert rows == {
         "hostagent.process.user_faults": ("{fault}", [(5, bounded)]),
         "process.context_switches": ("{context_switch}", [(2, {**bounded, "process.context_switch.type": "voluntary"}),
@@ -358,9 +390,9 @@ def test_per_process_metrics_carry_no_command_line_only_bounded_identity(tmp_pat
 def test_per_process_metrics_exported_without_the_command_line(tmp_path):
     cap = Capture()
     tel, _ = telemetry([cap])
-    procs = Processes(proc_root=str(tmp_path))
+    procs, insts = process_instruments(tmp_path)
     procs.set_rows({10: (PROC, Counters(faults=5))}, {})
-    tel.declare(procs.instruments())
+    tel.declare(insts)
     tel.flush(5)
     points = [(m.name, dict(p.attributes)) for rm in cap.batches[-1].resource_metrics for sm in rm.scope_metrics
               for m in sm.metrics for p in m.data.data_points]

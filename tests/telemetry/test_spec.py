@@ -11,7 +11,7 @@ from mcp_hostagent.core.capability import Evidence
 from mcp_hostagent.core.timebase import Timebase
 from mcp_hostagent.exporters import Exporters
 from mcp_hostagent.exporters.counting import CountingSpanExporter, ExportStats
-from mcp_hostagent.requests.traceparent import parse
+from mcp_hostagent.core.traceparent import parse
 from mcp_hostagent.telemetry.otel import Telemetry
 from mcp_hostagent.telemetry.spec import EventSpec, Instrument, LinkSpec, SpanSpec
 

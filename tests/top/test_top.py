@@ -37,12 +37,18 @@ from mcp_hostagent.top.render import frame_text, render
 from mcp_hostagent.top.sources import LOCAL_STOP_S
 from mcp_hostagent.top.text import cells, fit, line_text
 from mcp_hostagent.core.decode import Counters
-from mcp_hostagent.requests.join import FinishedRequest
+from mcp_hostagent.core.request import FinishedRequest
 from mcp_hostagent.nic.netlink import LinkEvent, NicState
 from mcp_hostagent.reclaim.rule import Episode, KswapdTracker
+from mcp_hostagent.cuda.section import CudaSection
+from mcp_hostagent.gpuhealth.capability import GpuHealth
+from mcp_hostagent.gpuhealth.section import GpuSection
+from mcp_hostagent.nic.section import NicSection
+from mcp_hostagent.pcie.section import PcieSection
+from mcp_hostagent.reclaim.section import ReclaimSection, parse_meminfo
+from mcp_hostagent.requests.section import RequestsSection
 from mcp_hostagent.telemetry.snapshot import (
-    LATENCY_WINDOW_S, RECENT_REQUESTS, Snapshot, SnapshotBuilder, TickState, counter_rates,
-    parse_meminfo, percentile, short_command,
+    LATENCY_WINDOW_S, RECENT_REQUESTS, ProcRow, Snapshot, SnapshotBuilder, percentile, short_command,
 )
 from mcp_hostagent.pcie.episodes import link_degraded
 from mcp_hostagent.core.timebase import Timebase
@@ -66,20 +72,26 @@ class Clock:
 
 
 class Host:
-    """The plain state SnapshotBuilder.on_tick takes (TickState), made of the pipeline's real parts."""
+    """Plain state behind the capabilities' own sections (each capability's section.py, made as its
+    capability makes them): the per-process rows, kswapd and the storms, an NVML sampler and a sysfs
+    reading of the GPUs' links, a NIC."""
 
     def __init__(self):
         self.proc_rows: dict = {}
         self.kswapd = KswapdTracker()
         self.storms: list[Episode] = []
-        self.gpu = None
-        self.nvml = None
-        self.nic = None
+        self.nvml = None  # gpuhealth.nvml.NvmlSampler
+        self.pcie = None  # pcie.sysfs.PcieSnapshot
+        self.nic = None  # the NIC capability as its section reads it (Nics below)
 
-    def state(self) -> TickState:
-        return TickState(proc_rows=self.proc_rows, kswapd=self.kswapd,
-                         open_storms=tuple(e for e in self.storms if not e.closed), gpu=self.gpu, nvml=self.nvml,
-                         nic=self.nic, to_wall=Timebase(offset_ns=0).to_wall_ns)
+    def sections(self) -> list:
+        links = (lambda: GpuHealth.links(SimpleNamespace(sampler=self.nvml))) if self.nvml else (lambda: {})
+        return [RequestsSection(), ReclaimSection(self.kswapd, lambda: [e for e in self.storms if not e.closed]),
+                CudaSection(), GpuSection(self.nvml), PcieSection(lambda: self.pcie, links),
+                NicSection(self.nic if self.nic is not None else SimpleNamespace())]
+
+    def builder(self, **kw) -> SnapshotBuilder:
+        return SnapshotBuilder(self.sections(), **kw)
 
 
 def request(pid: int, rid: int, begin_ns: int, dur_ms: float, faults: int = 10, reason: str = "marked",
@@ -128,10 +140,9 @@ def busy_snapshot(tmp_path=None, width: str | None = None) -> Snapshot:
     clock = Clock()
     host = Host()
     epoch = 1_700_000_000 * S
-    b = SnapshotBuilder(clock=clock, wall=lambda: epoch + clock.t, to_wall=lambda ns: epoch + ns)
     if tmp_path is not None:
-        host.nvml, pcie = nvml_and_pcie(tmp_path, width)
-        b.on_pcie(pcie)
+        host.nvml, host.pcie = nvml_and_pcie(tmp_path, width)
+    b = host.builder(clock=clock, wall=lambda: epoch + clock.t, to_wall=lambda ns: epoch + ns)
     hostile = "\x1b]0;pwned\x07\x1b[2J\u202eevil\udcff" + "漢字" * 3 + "\u200b" + "A" * 3000
     rows = {
         101: (attrs(101), Counters()),
@@ -150,7 +161,7 @@ def busy_snapshot(tmp_path=None, width: str | None = None) -> Snapshot:
             b.on_request(request(101, tick * 100 + i, clock.t - S + i * 1_000_000, dur_ms=1 + i))
         if tick == 1:
             host.storms.append(Episode("host", clock.t - S // 2))
-        b.on_tick(host.state())
+        b.on_tick(host.proc_rows)
         clock.t += S
     return b.latest()
 
@@ -166,6 +177,15 @@ def test_percentile_nearest_rank():
     assert percentile([], 50) is None
 
 
+def counter_rates(prev, cur, dt: float) -> dict:
+    """A process row's rates as the capabilities' sections compute them (requests, reclaim, cuda)."""
+    row = ProcRow(1, "srv", prev, cur, dt if prev is not None else 0.0)
+    out: dict = {}
+    for sec in (RequestsSection(), ReclaimSection(None, lambda: ()), CudaSection()):
+        out.update(sec.process(row))
+    return out
+
+
 def test_counter_rates():
     prev = Counters(faults=1000, offcpu_ns=S, offcpu_runnable_ns=S // 10, cu_launch=10, cu_ctx_ops=5, cu_ctx_ns=50_000)
     cur = Counters(faults=1100, offcpu_ns=S + 500_000_000, offcpu_runnable_ns=S // 10 + 40_000_000, cu_launch=30, cu_launch_ptsz=4, cu_launch_ex=6,
@@ -174,8 +194,8 @@ def test_counter_rates():
     r = counter_rates(prev, cur, 2.0)
     assert r == {"launches_per_s": 20.0, "ctx_switch_us": 10.0, "sync_ms_per_s": 2.0, "ioctls_per_s": 30.0,
                  "faults_per_s": 50.0, "reclaim_ms_per_s": 2.0, "offcpu_pct": 25.0, "wait_pct": 2.0}
-    assert counter_rates(None, cur, 1.0)["faults_per_s"] is None  # first reading: no rate yet
-    assert set(counter_rates(cur, prev, 1.0).values()) == {None}  # went backwards: pid reused
+    assert counter_rates(None, cur, 1.0) == {}  # first reading: no rate yet
+    assert counter_rates(cur, prev, 1.0) == {}  # went backwards: pid reused
     assert counter_rates(prev, prev, 1.0)["ctx_switch_us"] is None  # no switch in the interval
 
 
@@ -207,17 +227,17 @@ def test_meminfo():
 def test_builder_rates_latency_and_ring():
     clock = Clock()
     host = Host()
-    b = SnapshotBuilder(clock=clock, wall=lambda: clock.t, to_wall=lambda ns: ns)
+    b = host.builder(clock=clock, wall=lambda: clock.t, to_wall=lambda ns: ns)
     assert b.latest().seq == 0 and b.latest().processes == ()
     host.proc_rows = {42: (attrs(42), Counters(faults=100, offcpu_ns=0))}
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     first = b.latest().processes[0]
     assert first.faults_per_s is None and first.req_per_s is None and not first.marked
     clock.t += 2 * S
     for i in range(100):  # 1..100 ms, ended within the tick
         b.on_request(request(42, i + 1, clock.t - S, dur_ms=i + 1))
     host.proc_rows = {42: (attrs(42), Counters(faults=5100, offcpu_ns=S, offcpu_runnable_ns=S // 4))}
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     snap = b.latest()
     (p,) = snap.processes
     assert (p.pid, p.command, p.name) == (42, "python3 -m server", "python3")
@@ -229,12 +249,12 @@ def test_builder_rates_latency_and_ring():
     assert reqs[0].request_id == f"{100:016x}" and reqs[0].duration_ms == 100.0 and reqs[0].faults == 10
     # no request in the next tick: the rate drops to 0, the window still holds the latencies
     clock.t += S
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     p = b.latest().processes[0]
     assert p.req_per_s == 0.0 and p.p99_ms == 99.0 and p.faults_per_s == 0.0
     # past the latency window: no percentiles
     clock.t += int(LATENCY_WINDOW_S * S)
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     p = b.latest().processes[0]
     assert p.p50_ms is None and p.p99_ms is None and p.requests_total == 100
 
@@ -258,16 +278,16 @@ def test_builder_containers_findings_and_json_round_trip(tmp_path):
 def test_storm_close_and_ctx_heavy_findings():
     clock = Clock()
     host = Host()
-    b = SnapshotBuilder(clock=clock, wall=lambda: clock.t)
+    b = host.builder(clock=clock, wall=lambda: clock.t)
     ep = Episode("/kubepods/pod1\x1b[31m", clock.t)
     host.storms.append(ep)
     host.proc_rows = {7: (attrs(7), Counters())}
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     clock.t += S
     ep.closed, ep.end_ns, ep.peak_direct_ms_per_s = True, clock.t, 42.0
     cuda_proc = attrs(7, "/opt/\x1b[2Jgpu\u202eworker --x")  # a CUDA process with a hostile name
     host.proc_rows = {7: (cuda_proc, Counters(cu_ctx_ops=8000, cu_ctx_ns=8000 * 10_000))}  # 80 ms/s
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     f = b.latest().findings
     assert [x.kind for x in f] == ["ctx_switch_heavy", "reclaim_storm_close", "reclaim_storm_open"]
     assert "\x1b" not in f[1].text and "\\x1b[31m" in f[1].text and "peak direct 42 ms/s" in f[1].text
@@ -275,10 +295,10 @@ def test_storm_close_and_ctx_heavy_findings():
     assert no_control_chars(f[0].text)
     clock.t += S
     host.proc_rows = {7: (attrs(7), Counters(cu_ctx_ops=9000, cu_ctx_ns=9000 * 10_000))}  # 10 ms/s: cleared
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     clock.t += S
     host.proc_rows = {7: (attrs(7), Counters(cu_ctx_ops=17000, cu_ctx_ns=17000 * 10_000))}  # heavy again
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     assert [x.kind for x in b.latest().findings].count("ctx_switch_heavy") == 2
 
 
@@ -305,11 +325,11 @@ def test_nic_link_events_become_findings_and_json(tmp_path):
     clock = Clock()
     host = Host()
     host.nic = nics = Nics(maxlen=8)
-    b = SnapshotBuilder(clock=clock, wall=lambda: clock.t, to_wall=lambda ns: ns)
+    b = host.builder(clock=clock, wall=lambda: clock.t, to_wall=lambda ns: ns)
     hostile = "\x1b[7m\u202eq"  # a valid interface name: the kernel refuses only / : and white space
     for name in ("eth0", "vA", hostile):
         nics.link(name)
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     assert [n.name for n in b.latest().host.nics] == ["\\x1b[7m\\u202eq", "eth0", "vA"]  # by raw name
     assert b.latest().host.nic == "ok" and b.latest().findings == ()
     clock.t += S
@@ -319,7 +339,7 @@ def test_nic_link_events_become_findings_and_json(tmp_path):
     nics.event(t_down + 1000, hostile, "carrier_down", False, "LOWERLAYERDOWN", prev=10000)
     nics.link("vA", admin=False, carrier=False, oper="DOWN")
     nics.link(hostile, carrier=False, oper="LOWERLAYERDOWN")
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     snap = b.latest()
     assert [(f.kind, f.subject, f.text) for f in snap.findings] == [
         ("nic_carrier_down", "\\x1b[7m\\u202eq", "NIC \\x1b[7m\\u202eq carrier down, operstate LOWERLAYERDOWN"),
@@ -342,7 +362,7 @@ def test_nic_link_events_become_findings_and_json(tmp_path):
     nics.event(clock.t - 2, "veth9", "carrier_up", True, "UP", 10000)
     for name in ("vA", hostile, "veth9"):
         nics.link(name)
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     snap = b.latest()
     assert [(f.kind, f.subject) for f in snap.findings[:2]] == [("nic_carrier_up", "\\x1b[7m\\u202eq"),
                                                                ("nic_carrier_up", "vA")]
@@ -359,23 +379,23 @@ def test_nic_link_events_become_findings_and_json(tmp_path):
     for i in range(2, 8):
         nics.event(clock.t - 100 + 2 * i, "vA", "carrier_down", False, "DOWN", prev=10000)
         nics.event(clock.t - 99 + 2 * i, "vA", "carrier_up", True, "UP", 10000, flaps=i)
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     kinds = [f.kind for f in b.latest().findings]
     assert kinds[:8] == ["nic_flapping", "nic_carrier_down"] * 4 and kinds[8] == "nic_carrier_up"
     assert b.latest().findings[0].text.startswith("NIC vA flapping: carrier up at 10000 Mb/s after 0.0s; 7 flaps")
     n = len(b.latest().findings)
     clock.t += S
     nics.event(clock.t - 1, "vA", "speed_change", True, "UP", 1000, prev=10000)
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     f = b.latest().findings
     assert len(f) == n + 1 and (f[0].kind, f[0].text) == ("nic_speed_down", "NIC vA speed 10000 -> 1000 Mb/s")
     clock.t += S
-    b.on_tick(host.state())  # nothing new
+    b.on_tick(host.proc_rows)  # nothing new
     assert len(b.latest().findings) == n + 1
     # comebacks seen in the last 60 s: 1 + the 4 of the 6 that were still in the deque
     assert {n.name: n.flaps for n in b.latest().host.nics}["vA"] == 5
     clock.t += 61 * S
-    b.on_tick(host.state())
+    b.on_tick(host.proc_rows)
     assert {n.name: n.flaps for n in b.latest().host.nics}["vA"] == 0
 
 
@@ -541,8 +561,8 @@ def test_keys():
 
 
 def test_control_socket_serves_snapshots(tmp_path):
-    snap_b = SnapshotBuilder()
-    snap_b.on_tick(Host().state())
+    snap_b = Host().builder()
+    snap_b.on_tick({})
     path = str(tmp_path / "run" / "agent.sock")
     srv = control.ControlServer(snap_b, path)
     srv.start()

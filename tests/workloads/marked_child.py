@@ -15,7 +15,7 @@ import threading
 import time
 
 from mcp_hostagent import marker
-from mcp_hostagent.core.records import C, Mark
+from mcp_hostagent.requests.records import C, Mark
 
 PAGE = mmap.PAGESIZE
 libc = ctypes.CDLL(None, use_errno=True)

@@ -1,49 +1,36 @@
-"""Health tracepoint records from bpf/health.bpf.c -> typed records (xid.XidRecord, pcie.records'
-AerRecord and LinkEventRecord), decoded with the format tracefs gives at run time.
+"""Raw tracepoint copies (bpf/common.bpf.c tp_raw_capture, "tracepoint_raw" probes) -> typed records,
+decoded with the format tracefs gives at run time; each kind's decoder is its capability's
+(core/capability.py RawKind, Declaration.raw), and the record goes back to that capability.
 
 The BPF side copies the first MCP_TP_RAW_LEN bytes of each record instead of naming fields, because
-these events come and go with the NVIDIA module and the kernel config and their layouts change
+these events come and go with a module (nvidia) or the kernel config, and their layouts change
 between driver and kernel versions. Each event's format file is read the first time one of its
 records arrives: while our program is attached, perf holds a reference on the module that owns the
 event (perf_trace_init() -> trace_event_try_get_ref()), so the layout cannot change under it. When no
-format file can be read, the decoders' default layouts stand in (nvidia_dev_xid as recorded on the
-H200; aer_event and pcie_link_event derived from kernel source). Records that do not fit raise
+format file can be read, the kind's default layout stands in. Records that do not fit raise
 core.tracefs.RecordError, which the agent counts (tracepoint_record) and skips.
 
 The copy's 8-byte common header is zero (the kernel keeps a pt_regs pointer there while the program
-runs: bpf/health.bpf.c), so it is rebuilt from what the BPF record header knows: common_pid is the
-thread that ran the tracepoint (current->pid, our hdr.tid), common_type the format's id.
+runs), so it is rebuilt from what the BPF record header knows: common_pid is the thread that ran the
+tracepoint (current->pid, our hdr.tid), common_type the format's id.
 """
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Callable
-
-from ..core.decode import TpRaw
-from ..core.kernel import TRACEFS
-from ..core.records import C
-from ..core.tracefs import RecordError, TracepointFormat, decode_captured, load_formats
-from ..pcie.records import (
-    AER_EVENT_FORMAT, PCIE_LINK_EVENT_FORMAT, AerRecord, LinkEventRecord, decode_aer, decode_link_event,
-)
-from ..reclaim.oom import MARK_VICTIM_FORMAT, OomKill, decode_mark_victim
-from .tracepoints import MISSING_WHY
-from .xid import NVIDIA_DEV_XID_FORMAT, XidRecord, decode_xid
+from .capability import RawKind
+from .decode import TpRaw
+from .kernel import TRACEFS
+from .records import C
+from .tracefs import RecordError, TracepointFormat, decode_captured, load_formats
 
 # struct trace_entry (include/linux/trace_events.h): unsigned short type, unsigned char flags,
 # unsigned char preempt_count, int pid
 COMMON_SIZE = 8
 
-# enum mcp_tp_kind -> (tracefs event, default format, typed decoder). The test kind has no typed
-# decoder: its records come back as TpFields (tests/gpuhealth/test_bpf_health.py).
-KINDS: dict[int, tuple[str, TracepointFormat | None, Callable | None]] = {
-    C["MCP_TP_NVIDIA_DEV_XID"]: ("nvidia/nvidia_dev_xid", NVIDIA_DEV_XID_FORMAT, decode_xid),
-    C["MCP_TP_AER_EVENT"]: ("ras/aer_event", AER_EVENT_FORMAT, decode_aer),
-    C["MCP_TP_PCIE_LINK_EVENT"]: ("pci/pcie_link_event", PCIE_LINK_EVENT_FORMAT, decode_link_event),
-    C["MCP_TP_OOM_MARK_VICTIM"]: ("oom/mark_victim", MARK_VICTIM_FORMAT, decode_mark_victim),
-    C["MCP_TP_TEST_EXEC"]: ("sched/sched_process_exec", None, None),
-}
+# The core's own kind: the capture on sched:sched_process_exec that tests compile (MCP_TEST_TP_RAW_EXEC);
+# no typed decoder, its records come back as TpFields (tests/core/test_bpf_rawtp.py).
+TEST_KIND = {C["MCP_TP_TEST_EXEC"]: RawKind("sched/sched_process_exec", None, None)}
 
 
 @dataclass(frozen=True)
@@ -55,10 +42,13 @@ class TpFields:
     truncated: tuple[str, ...]  # __data_loc fields cut at the end of the BPF copy
 
 
-class HealthDecoder:
-    """Not thread-safe: the agent's thread only."""
+class RawDecoder:
+    """Not thread-safe: the agent's thread only. kinds: enum mcp_tp_kind value -> RawKind."""
 
-    def __init__(self, tracefs_root: str = TRACEFS):
+    def __init__(self, kinds: dict[int, RawKind] | None = None, tracefs_root: str = TRACEFS,
+                 missing_why: dict[str, str] | None = None):
+        self.kinds = {**TEST_KIND, **(kinds or {})}
+        self.missing_why = missing_why or {}  # event -> why it may be absent (said when its format is)
         self.root = tracefs_root
         self._formats: dict[int, TracepointFormat] = {}
         self.format_source: dict[str, str] = {}  # event -> "tracefs" | "built-in (why)"
@@ -68,8 +58,9 @@ class HealthDecoder:
         fmt = self._formats.get(kind)
         if fmt is not None:
             return fmt
-        name, default, _ = KINDS[kind]
-        got = load_formats(self.root, (name,), MISSING_WHY)[name]
+        k = self.kinds[kind]
+        name, default = k.event, k.default
+        got = load_formats(self.root, (name,), self.missing_why)[name]
         if isinstance(got, TracepointFormat):
             fmt, src = got, "tracefs"
         elif default is not None:
@@ -80,11 +71,12 @@ class HealthDecoder:
         self.format_source[name] = src
         return fmt
 
-    def decode(self, rec: TpRaw) -> XidRecord | AerRecord | LinkEventRecord | OomKill | TpFields:
-        entry = KINDS.get(rec.kind)
+    def decode(self, rec: TpRaw):
+        """-> the kind's typed record, or TpFields where it has no decoder."""
+        entry = self.kinds.get(rec.kind)
         if entry is None:
             raise RecordError(f"unknown tracepoint kind {rec.kind}")
-        name, _, typed = entry
+        name, typed = entry.event, entry.decode
         if len(rec.data) < COMMON_SIZE:
             raise RecordError(f"{name}: {len(rec.data)} bytes, shorter than the common header")
         fmt = self.format_for(rec.kind)
