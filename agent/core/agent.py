@@ -123,8 +123,7 @@ class Agent:
             [s for s in (cap.section() for _, cap in self._pairs) if s is not None], to_wall=self.timebase.to_wall_ns)
         self.path.listeners.append(self.snapshots.on_request)
         self._raw_owner = {kind: cap for d, cap in self._pairs for kind in d.raw}
-        self.raw = RawDecoder({k: v for d, _ in self._pairs for k, v in d.raw.items()},
-                              missing_why={p.tracepoint.replace(":", "/"): p.absent for p in self.unit.probes if p.absent})
+        self.raw = RawDecoder(self.unit.raw_kinds(), missing_why=self.unit.missing_why())
         self.routes: dict[int, Route] = self._route_table()
         self.kernel_stats_labels = self.unit.kernel_stats()
         self.health.activity = self.unit.activity_stats()

@@ -50,6 +50,12 @@ class Unit:
             for hook in d.hooks:
                 if hook not in HOOKS:
                     raise UnitError(f"{d.name}: no BPF hook {hook!r} (known: {', '.join(HOOKS)})")
+        raw: dict[int, str] = {}
+        for d in self.declarations:
+            for kind in d.raw:  # one decoder and one handler per raw tracepoint kind (enum mcp_tp_kind)
+                if kind in raw:
+                    raise UnitError(f"raw tracepoint kind {kind} declared by both {raw[kind]} and {d.name}")
+                raw[kind] = d.name
 
     # ---- the text ----
     def sources(self) -> list[tuple[str, str]]:
@@ -91,6 +97,14 @@ class Unit:
 
     def kprobe_programs(self, text: str | None = None) -> set[str]:
         return set(KPROBE_PROGRAM.findall(self.text() if text is None else text))
+
+    def raw_kinds(self) -> dict:
+        """enum mcp_tp_kind value -> its RawKind, every capability's."""
+        return {k: v for d in self.declarations for k, v in d.raw.items()}
+
+    def missing_why(self) -> dict[str, str]:
+        """tracefs event ("group/name") -> why a kernel may lack it, from the probe rows."""
+        return {p.tracepoint.replace(":", "/"): p.absent for p in self.probes if p.absent}
 
     # ---- settings and the plan ----
     def settings(self, cfg) -> dict[str, int]:

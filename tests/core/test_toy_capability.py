@@ -7,6 +7,7 @@ request's span says exactly how many it made inside."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import toy  # noqa: E402
 
 from mcp_hostagent.core.records import parse_constants  # noqa: E402
-from mcp_hostagent.core.unit import Unit  # noqa: E402
+from mcp_hostagent.core.unit import Unit, UnitError  # noqa: E402
 from mcp_hostagent.registry import CAPABILITIES  # noqa: E402
 
 CHILD = """
@@ -45,6 +46,17 @@ def test_the_toy_unit_is_the_registrys_plus_its_folder():
     # its record's number is its own: no family of the registry's uses it
     numbers = {v for k, v in base.constants().items() if k.startswith("MCP_EV_")}
     assert toy.C["MCP_EV_TOY_GETPPID"] not in numbers
+
+
+def test_a_second_claim_on_a_probe_or_a_raw_kind_is_refused_when_the_unit_is_made():
+    """One program per probe name and one decoder per raw tracepoint kind: a capability that claims
+    another's is an error at once, never a silent override by registry order."""
+    oom_kind = next(k for d in CAPABILITIES for k in d.raw if d.name == "reclaim")
+    twin = dataclasses.replace(toy.CAPABILITY, name="twin", probes=(), raw={oom_kind: toy.CAPABILITY})
+    with pytest.raises(UnitError, match=f"raw tracepoint kind {oom_kind} declared by both reclaim and twin"):
+        Unit(CAPABILITIES + (twin,))
+    with pytest.raises(UnitError, match="probe 'toy_getppid' declared by both toy and twin"):
+        Unit(CAPABILITIES + (toy.CAPABILITY, dataclasses.replace(toy.CAPABILITY, name="twin")))
 
 
 def test_the_toy_records_mirror_is_its_header():
