@@ -32,6 +32,17 @@ def parse_kv(text: str) -> dict[str, int]:
     return out
 
 
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo `Name:   123 kB` lines -> bytes (HugePages_* counts stay counts)."""
+    out = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[name.strip()] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    return out
+
+
 def read_vmstat(proc_root: str = "/proc") -> dict[str, int]:
     return parse_kv(read_text(f"{proc_root}/vmstat"))
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..core.identity import sanitize_text
 from ..core.tracefs import RecordError, TracepointFormat, decode_captured, parse_format
+from . import memstat
 
 # include/trace/events/oom.h TRACE_EVENT(mark_victim), kernel 6.x (the fields after pid came in 6.8);
 # older kernels' files have only pid and comm, which decode too
@@ -88,14 +89,7 @@ def memcg_limited(limit_files: list[str], mem_total_bytes: int) -> bool | None:
 
 
 def mem_total_bytes(proc_root: str = "/proc") -> int:
-    try:
-        with open(f"{proc_root}/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 1 << 62
+    return memstat.parse_meminfo(memstat.read_text(f"{proc_root}/meminfo")).get("MemTotal", 1 << 62)
 
 
 def limit_files(v2_dir: str | None, v1_memory_path: str | None, cgroup_root: str = "/sys/fs/cgroup") -> list[str]:

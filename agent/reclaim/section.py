@@ -12,17 +12,6 @@ from .telemetry import STALL_SPAN
 RATES = ("direct_reclaim_ns", "memcg_reclaim_ns")
 
 
-def parse_meminfo(text: str) -> dict[str, int]:
-    """/proc/meminfo `Name:   123 kB` lines -> bytes (HugePages_* counts stay counts)."""
-    out = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            out[name.strip()] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    return out
-
-
 class ReclaimSection(Section):
     def __init__(self, kswapd, open_storms, proc_root: str = "/proc", sys_root: str = "/sys"):
         """kswapd: rule.KswapdTracker; open_storms() -> the rule's open Episodes."""
@@ -32,7 +21,7 @@ class ReclaimSection(Section):
         self._opened: list = []
 
     def host(self, tick: Tick) -> dict:
-        mem = parse_meminfo(memstat.read_text(f"{self.proc_root}/meminfo"))
+        mem = memstat.parse_meminfo(memstat.read_text(f"{self.proc_root}/meminfo"))
         psi = memstat.read_psi(f"{self.proc_root}/pressure/memory")
         kswapd = []
         if self.kswapd is not None:

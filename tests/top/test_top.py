@@ -45,7 +45,8 @@ from mcp_hostagent.gpuhealth.capability import GpuHealth
 from mcp_hostagent.gpuhealth.section import GpuSection
 from mcp_hostagent.nic.section import NicSection
 from mcp_hostagent.pcie.section import PcieSection
-from mcp_hostagent.reclaim.section import ReclaimSection, parse_meminfo
+from mcp_hostagent.reclaim.memstat import parse_meminfo
+from mcp_hostagent.reclaim.section import ReclaimSection
 from mcp_hostagent.requests.section import RequestsSection
 from mcp_hostagent.telemetry.snapshot import (
     LATENCY_WINDOW_S, RECENT_REQUESTS, ProcRow, Snapshot, SnapshotBuilder, percentile, short_command,
